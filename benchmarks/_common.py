@@ -1,0 +1,101 @@
+"""Shared timing, memory and result-saving helpers for the benchmark scripts.
+
+The machines this runs on are noisy, so every script compares contenders measured side
+by side in one run and reports ratios; absolute times are saved only as context.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def stamp(threads: int) -> dict:
+    """Who measured: CPU model, core count, thread count, torch and Python versions, date."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": _dt.date.today().isoformat(),
+    }
+
+
+def median_time(fn, *, warmup: int = 2, repeat: int = 7) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeat`` runs after ``warmup`` runs."""
+    with torch.inference_mode():
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def interleaved_times(fns: dict, *, warmup: int = 2, repeat: int = 7) -> dict:
+    """Median times of several contenders, run round-robin so load spikes hit all alike."""
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        times = {name: [] for name in fns}
+        for _ in range(repeat):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_memory_mib(target: str, **kwargs) -> float:
+    """Extra peak resident memory (MiB) of one call, measured in a fresh subprocess.
+
+    ``target`` is ``"module:function"`` importable from ``benchmarks/``; the function takes
+    ``**kwargs``, builds its inputs and returns a zero-argument callable. The probe records
+    the peak resident set size after the set-up and again after the call; the difference is
+    what the call itself needed at its peak.
+    """
+    code = (
+        "import importlib, json, resource, sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        f"mod, fn = {target!r}.split(':')\n"
+        "torch.set_num_threads(1)\n"
+        f"run = getattr(importlib.import_module(mod), fn)(**json.loads({json.dumps(kwargs)!r}))\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "with torch.inference_mode():\n"
+        "    run()\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print((after - before) / 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def save_results(name: str, data: dict) -> Path:
+    """Write ``data`` to ``benchmarks/results/<name>.json`` and return the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path

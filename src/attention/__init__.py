@@ -1,0 +1,14 @@
+"""attention: the tested package behind the course "Attention, line by line".
+
+Mask convention everywhere: boolean, True = may attend (as in
+``torch.nn.functional.scaled_dot_product_attention``); float masks are added to scores.
+Each module's docstring names the chapter that teaches it.
+"""
+
+from .masks import causal_mask, combine_masks, decoding_mask, padding_mask, to_additive_mask
+from .notebook import setup_notebook
+from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
+from .scaled_dot_product import attention_weights, scaled_dot_product_attention
+from .softmax import entropy, log_softmax, logsumexp, softmax, softmax_jacobian, two_pass_softmax
+
+__version__ = "0.1.0"

@@ -1,0 +1,67 @@
+"""Boundary checks shared by the public functions.
+
+Each helper raises a ``TypeError`` (wrong kind of object or dtype) or ``ValueError``
+(wrong shape or value) whose message states the rule and the values seen, so a reader
+gets one clear sentence instead of a stack trace from deep inside ``torch``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+
+def check_tensor(name: str, x, *, floating: bool = False, min_dim: int = 0) -> None:
+    """Require ``x`` to be a Tensor (floating-point if asked) with at least ``min_dim`` dims."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating-point dtype, got {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(
+            f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}"
+        )
+
+
+def check_int(name: str, value, *, minimum: int | None = None) -> int:
+    """Require a plain integer (not bool), optionally ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def broadcast_shapes(what: str, *shapes: tuple[int, ...]) -> torch.Size:
+    """``torch.broadcast_shapes`` with an error message that names what failed to broadcast."""
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        listed = " and ".join(str(tuple(s)) for s in shapes)
+        raise ValueError(f"{what} must broadcast against each other, got {listed}") from None
+
+
+def check_mask(attn_mask, query_dtype: torch.dtype, target: tuple[int, ...]) -> None:
+    """Require a boolean or floating mask that broadcasts to ``target`` = ``(..., i, j)``."""
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(
+            "attn_mask must be boolean (True = may attend) or floating (added to the scores), "
+            f"got {attn_mask.dtype}"
+        )
+    if attn_mask.is_floating_point() and attn_mask.dtype != query_dtype:
+        raise TypeError(
+            f"a float attn_mask must have the query's dtype {query_dtype}, got {attn_mask.dtype}"
+        )
+    try:
+        shape = torch.broadcast_shapes(tuple(attn_mask.shape), tuple(target))
+    except RuntimeError:
+        shape = None
+    if shape != torch.Size(target):
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
+            f"(..., i, j) scores of shape {tuple(target)}"
+        )
