@@ -77,7 +77,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         q_batch, k_batch, v_batch = q_batch[:-1], k_batch[:-1], v_batch[:-1]
         heads = (hq,)
     else:
-        if query.dim() >= 3 and key.dim() >= 3:
+        if query.dim() >= 4 and key.dim() >= 4:  # (b, h, i, d): name the heads axis
             hq, hk = query.shape[-3], key.shape[-3]
             if hq != hk and hk != 1 and hq != 1:
                 raise ValueError(
