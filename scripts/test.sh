@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-export PYTHONHASHSEED=0 MPLBACKEND=Agg
+export PYTHONHASHSEED=0
 
 echo "== 1-2. unit and property tests, and every chapter re-executed under nbval"
 start=$(date +%s)

@@ -77,3 +77,15 @@ def test_additive_mask_equals_boolean_in_attention():
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_shape_broadcasting_rule_matches_torch():
+    from attention._checks import _broadcast
+
+    cases = [((2, 1, 3), (4, 3)), ((1,), (5, 1)), ((), (2, 2)), ((2, 3), (3, 2)), ((0, 1), (1, 4))]
+    for a, b in cases:
+        try:
+            expected = tuple(torch.broadcast_shapes(a, b))
+        except RuntimeError:
+            expected = None
+        assert _broadcast(a, b) == expected

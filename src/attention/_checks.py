@@ -34,13 +34,29 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     return int(value)
 
 
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """NumPy broadcasting of shapes, or None when they do not broadcast.
+
+    Written out because ``torch.broadcast_shapes`` imports sympy on first use (about 2 s,
+    paid by every notebook kernel).
+    """
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(-ndim, 0):
+        sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
 def broadcast_shapes(what: str, *shapes: tuple[int, ...]) -> torch.Size:
-    """``torch.broadcast_shapes`` with an error message that names what failed to broadcast."""
-    try:
-        return torch.broadcast_shapes(*shapes)
-    except RuntimeError:
+    """Broadcast ``shapes`` with an error message that names what failed to broadcast."""
+    out = _broadcast(*(tuple(s) for s in shapes))
+    if out is None:
         listed = " and ".join(str(tuple(s)) for s in shapes)
-        raise ValueError(f"{what} must broadcast against each other, got {listed}") from None
+        raise ValueError(f"{what} must broadcast against each other, got {listed}")
+    return torch.Size(out)
 
 
 def check_mask(attn_mask, query_dtype: torch.dtype, target: tuple[int, ...]) -> None:
@@ -56,11 +72,7 @@ def check_mask(attn_mask, query_dtype: torch.dtype, target: tuple[int, ...]) -> 
         raise TypeError(
             f"a float attn_mask must have the query's dtype {query_dtype}, got {attn_mask.dtype}"
         )
-    try:
-        shape = torch.broadcast_shapes(tuple(attn_mask.shape), tuple(target))
-    except RuntimeError:
-        shape = None
-    if shape != torch.Size(target):
+    if _broadcast(tuple(attn_mask.shape), tuple(target)) != tuple(target):
         raise ValueError(
             f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
             f"(..., i, j) scores of shape {tuple(target)}"
