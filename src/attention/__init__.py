@@ -12,3 +12,6 @@ from .scaled_dot_product import attention_weights, scaled_dot_product_attention
 from .softmax import entropy, log_softmax, logsumexp, softmax, softmax_jacobian, two_pass_softmax
 
 __version__ = "0.1.0"
+from .self_attention import SelfAttention  # noqa: E402  (chapter 05)
+from .cross_attention import CrossAttention  # noqa: E402  (chapter 07)
+from .seq2seq import TinySeq2Seq, encoder_decoder_masks, greedy_decode, reversal_batch, train_seq2seq  # noqa: E402,E501  (chapter 07)
