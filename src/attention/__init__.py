@@ -12,6 +12,15 @@ from .scaled_dot_product import attention_weights, scaled_dot_product_attention
 from .softmax import entropy, log_softmax, logsumexp, softmax, softmax_jacobian, two_pass_softmax
 
 __version__ = "0.1.0"
+from .scoring import (  # noqa: E402  (chapter 08)
+    ACTIVATIONS, AdditiveAttention, AdditiveScore, GeneralScore, additive_hidden, additive_scores,
+    cosine_scores, dot_scores, general_scores, get_activation, scaled_dot_scores,
+)
+from .alignment import (  # noqa: E402  (chapter 08)
+    LocalAlignment, MultiDimensionalAttention, hard_alignment, hard_attention, local_alignment,
+    local_centre, local_window, multidimensional_attention, multidimensional_scores,
+    multidimensional_weights, soft_alignment, soft_attention,
+)
 from .self_attention import SelfAttention  # noqa: E402  (chapter 05)
 from .cross_attention import CrossAttention  # noqa: E402  (chapter 07)
 from .seq2seq import TinySeq2Seq, encoder_decoder_masks, greedy_decode, reversal_batch, train_seq2seq  # noqa: E402,E501  (chapter 07)

@@ -1,0 +1,255 @@
+"""Tests for attention.alignment: soft, hard, local and multi-dimensional alignment."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention import (
+    LocalAlignment,
+    MultiDimensionalAttention,
+    hard_alignment,
+    hard_attention,
+    local_alignment,
+    local_centre,
+    local_window,
+    multidimensional_attention,
+    multidimensional_scores,
+    multidimensional_weights,
+    soft_alignment,
+    soft_attention,
+)
+
+D64 = torch.float64
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=D64)
+
+
+# ---------------------------------------------------------------- soft
+
+
+def test_soft_alignment_is_softmax_over_keys():
+    s = randn(2, 3, 5)
+    torch.testing.assert_close(soft_alignment(s), torch.softmax(s, dim=-1))
+
+
+def test_soft_alignment_masked_exactly_zero_and_dead_row_zero():
+    s = randn(2, 3, 4)
+    mask = torch.tensor([[True, False, True, True],
+                         [False, False, False, False],
+                         [True, True, True, False]])  # (i, j), broadcast over b
+    w = soft_alignment(s, mask)
+    assert torch.equal(w[:, ~mask], torch.zeros_like(w[:, ~mask]))
+    assert torch.equal(w[:, 1], torch.zeros(2, 4, dtype=D64))
+    torch.testing.assert_close(w[:, [0, 2]].sum(-1), torch.ones(2, 2, dtype=D64))
+    expected = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+    torch.testing.assert_close(w, expected)
+
+
+def test_soft_attention_is_weighted_sum():
+    s, v = randn(2, 3, 5), randn(2, 5, 4, seed=1)
+    context, weights = soft_attention(s, v)
+    torch.testing.assert_close(context, torch.einsum("bij,bje->bie", weights, v))
+
+
+def test_soft_alignment_rejects_bad_mask():
+    with pytest.raises(ValueError, match=r"does not broadcast to the \(\.\.\., i, j\) scores of shape \(3, 5\)"):
+        soft_alignment(randn(3, 5), torch.ones(3, 4, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------- hard
+
+
+def test_hard_alignment_is_reproducible_with_a_generator():
+    w = soft_alignment(randn(2, 3, 6))
+    a = hard_alignment(w, generator=torch.Generator().manual_seed(7), num_samples=20)
+    b = hard_alignment(w, generator=torch.Generator().manual_seed(7), num_samples=20)
+    assert torch.equal(a, b) and a.shape == (20, 2, 3)
+    assert ((a >= 0) & (a < 6)).all()
+
+
+def test_hard_alignment_never_picks_a_zero_weight_key():
+    w = soft_alignment(randn(4, 6), torch.tensor([True, False, True, False, False, True]))
+    idx = hard_alignment(w, generator=torch.Generator().manual_seed(0), num_samples=500)
+    assert set(idx.unique().tolist()) <= {0, 2, 5}
+
+
+def test_hard_attention_output_is_one_value_vector():
+    w, v = soft_alignment(randn(2, 3, 6)), randn(2, 6, 4, seed=1)
+    context, idx = hard_attention(w, v, generator=torch.Generator().manual_seed(0))
+    assert context.shape == (2, 3, 4) and idx.shape == (2, 3)
+    for b in range(2):
+        for i in range(3):
+            assert torch.equal(context[b, i], v[b, idx[b, i]])
+
+
+def test_hard_attention_expectation_is_soft_attention():
+    """Monte-Carlo mean of n draws = soft context, within 5 standard errors."""
+    w, v = soft_alignment(randn(2, 3, 6)), randn(2, 6, 4, seed=1)
+    n = 20_000
+    contexts, _ = hard_attention(w, v, generator=torch.Generator().manual_seed(0), num_samples=n)
+    soft = w @ v
+    # per-coordinate variance of one draw: sum_j w_ij (v_jc - soft_ic)^2
+    var = torch.einsum("bij,bijc->bic", w, (v[:, None, :, :] - soft[:, :, None, :]) ** 2)
+    assert ((contexts.mean(0) - soft).abs() <= 5 * (var / n).sqrt() + 1e-12).all()
+    # and the sample variance matches the formula
+    torch.testing.assert_close(contexts.var(0), var, rtol=0.1, atol=1e-3)
+
+
+def test_hard_attention_dead_row_gives_index_minus_one_and_zero_context():
+    w = soft_alignment(randn(2, 3), torch.tensor([[True, True, False], [False, False, False]]))
+    context, idx = hard_attention(w, randn(3, 4), generator=torch.Generator().manual_seed(0))
+    assert idx[1].item() == -1 and torch.equal(context[1], torch.zeros(4, dtype=D64))
+
+
+def test_hard_alignment_rejects_negative_weights():
+    with pytest.raises(ValueError, match=r"weights must be finite and >= 0"):
+        hard_alignment(torch.tensor([[0.5, -0.1, 0.6]]))
+
+
+# ---------------------------------------------------------------- local
+
+
+def test_local_centre_formula():
+    q, w_p, v_p = randn(2, 3, 4), randn(5, 4, seed=1), randn(5, seed=2)
+    expected = 10 * torch.sigmoid(torch.einsum("h,bih->bi", v_p, torch.tanh(torch.einsum("hd,bid->bih", w_p, q))))
+    p = local_centre(q, w_p, v_p, 10)
+    torch.testing.assert_close(p, expected)
+    assert ((p > 0) & (p < 10)).all()
+
+
+@given(centre=st.floats(0.0, 12.0), d=st.floats(0.0, 5.0))
+def test_local_alignment_is_exactly_zero_outside_the_window(centre, d):
+    s = randn(1, 12)
+    p = torch.tensor([centre], dtype=D64)
+    w = local_alignment(s, p, d)
+    pos = torch.arange(12, dtype=D64)
+    outside = (pos - centre).abs() > d
+    assert torch.equal(w[0, outside], torch.zeros(int(outside.sum()), dtype=D64))
+    assert w.sum() <= 1 + 1e-12
+
+
+def test_local_alignment_matches_formula():
+    s, p, d = randn(2, 9), torch.tensor([3.3, 6.0], dtype=D64), 2.0
+    pos = torch.arange(9, dtype=D64)
+    inside = (pos - p[:, None]).abs() <= d
+    soft = torch.softmax(s.masked_fill(~inside, float("-inf")), dim=-1)
+    expected = soft * torch.exp(-((pos - p[:, None]) ** 2) / (2 * (d / 2) ** 2))
+    torch.testing.assert_close(local_alignment(s, p, d), expected)
+    assert torch.equal(local_window(p, 9, d), inside)
+
+
+def test_local_alignment_respects_mask_and_sigma_zero_means_no_damping():
+    s, p = randn(1, 9), torch.tensor([4.0], dtype=D64)
+    mask = torch.ones(1, 9, dtype=torch.bool)
+    mask[0, 5] = False
+    w = local_alignment(s, p, 2, sigma=0.0, attn_mask=mask)
+    assert w[0, 5] == 0 and (w[0, :2] == 0).all() and (w[0, 7:] == 0).all()
+    torch.testing.assert_close(w.sum(), torch.tensor(1.0, dtype=D64))
+
+
+def test_local_alignment_module_shapes_and_gradient_to_predictor():
+    align = LocalAlignment(4, 6, half_width=2.0).to(D64)
+    q, s = randn(2, 3, 4), randn(2, 3, 10, seed=1)
+    weights, centre = align(q, s)
+    assert weights.shape == (2, 3, 10) and centre.shape == (2, 3)
+    assert set(n for n, _ in align.named_parameters()) == {"w_p", "v_p"}
+    weights.sum().backward()
+    assert align.w_p.grad.abs().sum() > 0  # the Gaussian factor carries a gradient to p
+
+
+def test_gradcheck_local_alignment():
+    s = randn(2, 8).requires_grad_(True)
+    p = torch.tensor([2.7, 5.2], dtype=D64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s, p: local_alignment(s, p, 2.5), (s, p))
+
+
+def test_negative_half_width_is_rejected():
+    msg = r"half_width D must be >= 0, got -1"
+    with pytest.raises(ValueError, match=msg):
+        local_alignment(randn(1, 5), torch.tensor([2.0], dtype=D64), -1)
+    with pytest.raises(ValueError, match=msg):
+        LocalAlignment(4, 6, half_width=-1)
+    with pytest.raises(ValueError, match=msg):
+        local_window(torch.tensor([2.0]), 5, -1)
+
+
+def test_local_alignment_rejects_wrong_centre_shape():
+    with pytest.raises(ValueError, match=r"centre must hold one position per query, shape scores.shape\[:-1\] = \(2,\), got \(3,\)"):
+        local_alignment(randn(2, 5), torch.zeros(3, dtype=D64), 1.0)
+
+
+# ---------------------------------------------------------------- multi-dimensional
+
+
+def test_multidimensional_weights_sum_to_one_over_keys_for_every_feature():
+    s = randn(2, 3, 5, 7)
+    w = multidimensional_weights(s)
+    torch.testing.assert_close(w.sum(dim=-2), torch.ones(2, 3, 7, dtype=D64))
+    torch.testing.assert_close(w, torch.softmax(s, dim=-2))
+
+
+def test_multidimensional_masks():
+    s = randn(2, 3, 4, 6)
+    mask = torch.tensor([True, False, True, True])  # broadcasts to (b, i, j)
+    w = multidimensional_weights(s, mask)
+    assert (w[:, :, 1] == 0).all()
+    torch.testing.assert_close(w.sum(-2), torch.ones(2, 3, 6, dtype=D64))
+    dead = multidimensional_weights(s, torch.zeros(4, dtype=torch.bool))
+    assert torch.equal(dead, torch.zeros_like(dead))
+
+
+def test_multidimensional_scores_and_context_match_einsum():
+    q, k, v = randn(2, 3, 4), randn(2, 5, 6, seed=1), randn(2, 5, 7, seed=2)
+    w1, w2, b, wo, bo = (randn(8, 4, seed=3), randn(8, 6, seed=4), randn(8, seed=5),
+                         randn(7, 8, seed=6), randn(7, seed=7))
+    hidden = torch.tanh(torch.einsum("hd,bid->bih", w1, q)[:, :, None]
+                        + torch.einsum("hd,bjd->bjh", w2, k)[:, None] + b)
+    expected_s = torch.einsum("fh,bijh->bijf", wo, hidden) + bo
+    s = multidimensional_scores(q, k, w1, w2, wo, b, bo)
+    torch.testing.assert_close(s, expected_s)
+    w = multidimensional_weights(s)
+    torch.testing.assert_close(multidimensional_attention(w, v), torch.einsum("bijf,bjf->bif", w, v))
+
+
+def test_multidimensional_with_equal_feature_scores_is_single_dimensional():
+    s1 = randn(2, 3, 5)
+    w = multidimensional_weights(s1[..., None].expand(-1, -1, -1, 4))
+    torch.testing.assert_close(w, soft_alignment(s1)[..., None].expand(-1, -1, -1, 4))
+
+
+def test_multidimensional_attention_module_shapes_and_gradcheck():
+    attn = MultiDimensionalAttention(3, 5, 4, 6).to(D64)
+    k, v = randn(2, 7, 5), randn(2, 7, 4, seed=1)
+    c1, w1 = attn(randn(2, 3, seed=2), k, v)
+    assert c1.shape == (2, 4) and w1.shape == (2, 7, 4)
+    c2, w2 = attn(randn(2, 6, 3, seed=2), k, v)
+    assert c2.shape == (2, 6, 4) and w2.shape == (2, 6, 7, 4)
+    mask = torch.tensor([[True] * 7, [True, True, False, False, False, False, False]])
+    _, wm = attn(randn(2, 3, seed=2), k, v, attn_mask=mask)
+    assert (wm[1, 2:] == 0).all()
+
+    names = [n for n, _ in attn.named_parameters()]
+    q = randn(1, 2, 3, seed=3).requires_grad_(True)
+    kk = k[:1, :3].clone().requires_grad_(True)
+    vv = v[:1, :3].clone().requires_grad_(True)
+    ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, *ps: torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v)),
+        (q, kk, vv, *ps))
+
+
+def test_multidimensional_attention_rejects_wrong_value_size():
+    with pytest.raises(ValueError, match=r"value must be \(b, j, d_v\) with j = 7 and d_v = 4, got shape \(2, 7, 3\)"):
+        MultiDimensionalAttention(3, 5, 4, 6)(torch.randn(2, 3), torch.randn(2, 7, 5), torch.randn(2, 7, 3))
+
+
+def test_local_alignment_entropy_sanity():
+    """A wide window with tiny sigma concentrates the weight near p (a sharp prior)."""
+    s = torch.zeros(1, 21, dtype=D64)
+    w = local_alignment(s, torch.tensor([10.0], dtype=D64), 10, sigma=0.5)
+    assert w.argmax().item() == 10 and math.isclose(w[0, 10].item(), 1 / 21)
