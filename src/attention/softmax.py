@@ -69,12 +69,13 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def two_pass_softmax(x: Tensor) -> Tensor:
-    """Softmax over the last axis written as the classic two passes over the data.
+    """Safe softmax over the last axis, written as explicit passes over the row.
 
-    Pass 1 walks the row once to find the maximum and the normaliser
-    ``sum_k exp(x_k - max)`` (done here with the max first, as most libraries do);
-    pass 2 walks it again to scale each entry. The loop is explicit so the passes are
-    visible; chapter 11 fuses them into the one-pass online softmax.
+    Phase 1 computes the normaliser: one pass for the maximum ``m``, one for
+    ``sum_k exp(x_k - m)``; phase 2 writes each output. "Two-pass" names the two phases
+    (normaliser, then scaling); counted as reads of the row, as Milakov and Gimelshein do,
+    this classic safe softmax reads it three times. Chapter 11's online softmax computes
+    the maximum and the sum in one pass. The loops are explicit so the passes are visible.
 
     Args:
         x: ``(..., n)`` scores.
@@ -85,13 +86,13 @@ def two_pass_softmax(x: Tensor) -> Tensor:
     check_tensor("x", x, floating=True)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
-    for k in range(n):  # pass 1a: running maximum
+    for k in range(n):  # phase 1, read 1: running maximum
         m = torch.maximum(m, x[..., k])
     denom = torch.zeros_like(m)
-    for k in range(n):  # pass 1b: normaliser
+    for k in range(n):  # phase 1, read 2: normaliser
         denom = denom + torch.exp(x[..., k] - m)
     out = torch.empty_like(x)
-    for k in range(n):  # pass 2: scale each entry
+    for k in range(n):  # phase 2, read 3: scale each entry
         out[..., k] = torch.exp(x[..., k] - m) / denom
     return out
 
