@@ -12,6 +12,8 @@ from .scaled_dot_product import attention_weights, scaled_dot_product_attention
 from .softmax import entropy, log_softmax, logsumexp, softmax, softmax_jacobian, two_pass_softmax
 
 __version__ = "0.1.0"
+from .kv_cache import KVCache, kv_cache_bytes_per_token  # noqa: E402
+from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # noqa: E402
 from .scoring import (  # noqa: E402  (chapter 08)
     ACTIVATIONS, AdditiveAttention, AdditiveScore, GeneralScore, additive_hidden, additive_scores,
     cosine_scores, dot_scores, general_scores, get_activation, scaled_dot_scores,
