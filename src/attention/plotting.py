@@ -104,6 +104,8 @@ def plot_mask(mask: Tensor, *, ax=None, title: str = "Mask (True = may attend)")
     if ax is None:
         _, ax = plt.subplots(figsize=(1.0 + 0.3 * m.shape[1], 0.8 + 0.3 * m.shape[0]))
     ax.imshow(m.numpy(), cmap="Greys", vmin=0, vmax=1, aspect="auto")
+    for spine in ax.spines.values():  # blocked cells are white: keep the frame visible
+        spine.set_visible(True)
     ax.set_xlabel("key position j")
     ax.set_ylabel("query position i")
     ax.set_title(title)
