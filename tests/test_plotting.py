@@ -8,7 +8,14 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from attention import causal_mask, plot_attention, plot_heads, plot_mask, setup_notebook, use_course_style
+from attention import (
+    causal_mask,
+    plot_attention,
+    plot_heads,
+    plot_mask,
+    setup_notebook,
+    use_course_style,
+)
 
 
 @pytest.fixture(autouse=True)
