@@ -23,6 +23,17 @@ from .alignment import (  # noqa: E402  (chapter 08)
     local_centre, local_window, multidimensional_attention, multidimensional_scores,
     multidimensional_weights, soft_alignment, soft_attention,
 )
+from .linear import (  # noqa: E402  (chapter 09)
+    elu_feature_map,
+    linear_attention,
+    linear_attention_naive,
+    linear_attention_step,
+    linear_attention_weights,
+    performer_feature_map,
+    random_feature_map,
+    relu_feature_map,
+)
+from .tiled import online_softmax, online_softmax_blocked, tiled_attention  # noqa: E402  (chapter 11)
 from .self_attention import SelfAttention  # noqa: E402  (chapter 05)
 from .cross_attention import CrossAttention  # noqa: E402  (chapter 07)
 from .seq2seq import TinySeq2Seq, encoder_decoder_masks, greedy_decode, reversal_batch, train_seq2seq  # noqa: E402,E501  (chapter 07)

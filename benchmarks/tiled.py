@@ -1,0 +1,117 @@
+"""Tiled exact attention against the materialised form: peak memory and time (chapter 11).
+
+Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, 2 threads:
+
+* ``naive``: ``attention.scaled_dot_product_attention``, which builds the ``(h, N, N)``
+  scores and weights;
+* ``tiled``: ``attention.tiled_attention(..., block_size=128)``, the online-softmax
+  recurrence over key blocks, which only ever holds ``(h, N, 128)`` tiles.
+
+Peak memory is measured in a fresh subprocess per call (``_common.peak_memory_mib``);
+times are medians of round-robin runs after warm-up. Prints the memory and time ratios
+and saves ``benchmarks/results/tiled.json``.
+
+Run: ``.venv/bin/python benchmarks/tiled.py`` (about two minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Shared machines: with the default (spinning) OpenMP wait policy, every parallel operation
+# can stall for a whole scheduler slice when one of its 2 threads is descheduled, which
+# penalises code made of many small operations (hundreds of ms at N = 256 under load).
+# Passive waiting measures the algorithms, not the scheduler. Set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
+
+from attention import scaled_dot_product_attention, tiled_attention  # noqa: E402
+
+THREADS = 2
+HEADS, DIM, BLOCK = 4, 64, 128
+SIZES = [256, 512, 1024, 2048, 4096, 8192]
+
+
+def _inputs(n: int):
+    g = torch.Generator().manual_seed(n)
+    return [torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)]  # (b, h, n, d)
+
+
+def _tiled(q, k, v):
+    return tiled_attention(q, k, v, block_size=BLOCK)
+
+
+def _prepared(fn, n: int):
+    """Inputs of length n and a zero-argument call; one tiny call first so that one-off
+    library loading (kernel code paged in) is not counted as the call's memory."""
+    with torch.inference_mode():
+        fn(*_inputs(BLOCK))
+    q, k, v = _inputs(n)
+    return lambda: fn(q, k, v)
+
+
+def make_tiled(n: int):
+    """Zero-argument callable: tiled attention (block 128) on fresh inputs of length n."""
+    return _prepared(_tiled, n)
+
+
+def make_naive(n: int):
+    """Zero-argument callable: the package's materialising reference of length n."""
+    return _prepared(scaled_dot_product_attention, n)
+
+
+def main() -> None:
+    torch.set_num_threads(THREADS)
+    load_before = os.getloadavg()[0]
+    times = {"tiled": [], "naive": []}
+    # Memory first: a probe's peak RSS includes this parent's peak at the time it is
+    # spawned (exec carries it over), so measure before any large tensor exists here.
+    peak = {name: [peak_memory_mib(f"tiled:make_{name}", n=n) for n in SIZES] for name in times}
+    print(f"{'N':>6} {'tiled MiB':>10} {'naive MiB':>10} {'mem ratio':>10} {'tiled ms':>9} {'naive ms':>9}")
+    for k, n in enumerate(SIZES):
+        repeat = 5 if n <= 2048 else 3
+        t = interleaved_times({"tiled": make_tiled(n), "naive": make_naive(n)}, warmup=1, repeat=repeat)
+        for name in times:
+            times[name].append(t[name])
+        print(
+            f"{n:>6} {peak['tiled'][k]:>10.1f} {peak['naive'][k]:>10.1f} "
+            f"{peak['naive'][k] / max(peak['tiled'][k], 1e-3):>9.1f}x "
+            f"{1e3 * t['tiled']:>9.1f} {1e3 * t['naive']:>9.1f}"
+        )
+    i = SIZES.index(8192)
+    mem_ratio = peak["tiled"][i] / peak["naive"][i]
+    print(f"N = 8192: tiled peak memory is {mem_ratio:.3f} of the naive form's (1/{1 / mem_ratio:.0f})")
+    print(f"N = 8192: tiled time / naive time = {times['tiled'][i] / times['naive'][i]:.2f}")
+    path = save_results(
+        "tiled",
+        {
+            "stamp": stamp(THREADS),
+            # 1-minute load average before and after: other jobs on the machine skew times.
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "config": {
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "dtype": "float32",
+                "block_size": BLOCK,
+                "is_causal": False,
+                "memory_threads": 1,
+                "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+            },
+            "n": SIZES,
+            "time_s": times,
+            "peak_mib": peak,
+            "memory_ratio": [t / nv for t, nv in zip(peak["tiled"], peak["naive"], strict=True)],
+        },
+    )
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""Tests for attention/linear.py: the chunked and recurrent forms equal the naive quadratic form."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention import (
+    elu_feature_map,
+    linear_attention,
+    linear_attention_naive,
+    linear_attention_step,
+    linear_attention_weights,
+    performer_feature_map,
+    random_feature_map,
+    relu_feature_map,
+    scaled_dot_product_attention,
+)
+
+F64 = torch.float64
+
+
+def qkv(i, j=None, d=8, e=5, batch=(2, 3), seed=0, grad=False):
+    j = i if j is None else j
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, i, d, generator=g, dtype=F64)
+    k = torch.randn(*batch, j, d, generator=g, dtype=F64)
+    v = torch.randn(*batch, j, e, generator=g, dtype=F64)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def grads(out, inputs, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out.shape, generator=g, dtype=out.dtype)
+    return torch.autograd.grad((out * weight).sum(), inputs)
+
+
+# ----------------------------------------------------------------------------- feature maps
+
+
+def test_elu_feature_map_is_elu_plus_one_and_positive():
+    x = torch.linspace(-30, 5, 101, dtype=F64)
+    torch.testing.assert_close(elu_feature_map(x), torch.nn.functional.elu(x) + 1)
+    assert (elu_feature_map(x) > 0).all()
+
+
+def test_elu_feature_map_gradient():
+    x = torch.randn(7, 3, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(elu_feature_map, (x,))
+
+
+def test_relu_feature_map():
+    x = torch.tensor([-1.0, 0.0, 2.5], dtype=F64)
+    torch.testing.assert_close(relu_feature_map(x), torch.tensor([0.0, 0.0, 2.5], dtype=F64))
+
+
+def test_random_features_are_reproducible_and_positive():
+    a = random_feature_map(8, 16, generator=torch.Generator().manual_seed(3))
+    b = performer_feature_map(8, 16, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(5, 8, dtype=F64)
+    torch.testing.assert_close(a(x), b(x))
+    assert a(x).shape == (5, 16)
+    assert (a(x) > 0).all()
+
+
+@pytest.mark.parametrize("orthogonal", [True, False])
+def test_random_features_approximate_the_softmax_kernel(orthogonal):
+    # E[phi(q) . phi(k)] = exp(q . k / sqrt(d)); with many features the average is close.
+    d = 4
+    phi = random_feature_map(
+        d, 20000, generator=torch.Generator().manual_seed(0), orthogonal=orthogonal
+    )
+    g = torch.Generator().manual_seed(1)
+    q = 0.5 * torch.randn(6, d, generator=g, dtype=F64)
+    k = 0.5 * torch.randn(6, d, generator=g, dtype=F64)
+    exact = torch.exp(q @ k.T / math.sqrt(d))
+    torch.testing.assert_close(phi(q) @ phi(k).T, exact, rtol=0.1, atol=0.0)
+
+
+def test_random_features_approximate_softmax_attention():
+    q, k, v = qkv(20, d=4, batch=(), seed=2)
+    q, k = 0.5 * q, 0.5 * k
+    phi = random_feature_map(4, 20000, generator=torch.Generator().manual_seed(0))
+    approx = linear_attention(q, k, v, feature_map=phi, eps=0.0)
+    exact = scaled_dot_product_attention(q, k, v)
+    assert (approx - exact).abs().max() < 0.05
+
+
+def test_random_feature_map_rejects_wrong_input_size():
+    phi = random_feature_map(4, 8)
+    with pytest.raises(ValueError, match="drawn for inputs of size d = 4, got 3"):
+        phi(torch.zeros(2, 3))
+
+
+# ----------------------------------------------------------------------------- naive form
+
+
+def test_naive_equals_explicit_kernel_formula():
+    q, k, v = qkv(6, batch=())
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
+    eps = 1e-6
+    expected = torch.stack(
+        [
+            sum(phi_q[t] @ phi_k[s] * v[s] for s in range(6))
+            / (sum(phi_q[t] @ phi_k[s] for s in range(6)) + eps)
+            for t in range(6)
+        ]
+    )
+    torch.testing.assert_close(linear_attention_naive(q, k, v, eps=eps), expected)
+    causal = torch.stack(
+        [
+            sum(phi_q[t] @ phi_k[s] * v[s] for s in range(t + 1))
+            / (sum(phi_q[t] @ phi_k[s] for s in range(t + 1)) + eps)
+            for t in range(6)
+        ]
+    )
+    torch.testing.assert_close(linear_attention_naive(q, k, v, is_causal=True, eps=eps), causal)
+
+
+def test_weights_rows_sum_to_one_and_causal_zeros():
+    q, k, _ = qkv(9, 9)
+    w = linear_attention_weights(q, k, is_causal=True, eps=0.0)
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1], dtype=F64))
+    assert (w.triu(1) == 0).all()
+    assert (w >= 0).all()
+
+
+def test_eps_sits_in_the_denominator():
+    q, k, v = qkv(4, batch=())
+    w0 = linear_attention_weights(q, k, eps=0.0)
+    w1 = linear_attention_weights(q, k, eps=0.5)
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
+    den = (phi_q @ phi_k.T).sum(-1, keepdim=True)
+    torch.testing.assert_close(w1, w0 * den / (den + 0.5))
+
+
+# ----------------------------------------------------------------------------- fast == naive
+
+LENGTHS = [1, 2, 37, 64, 130]
+CHUNKS = [1, 7, 16, 64]
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("chunk_size", CHUNKS)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_linear_equals_naive_outputs_and_gradients(n, chunk_size, is_causal):
+    q, k, v = qkv(n, grad=True)
+    fast = linear_attention(q, k, v, is_causal=is_causal, chunk_size=chunk_size)
+    ref = linear_attention_naive(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(fast, ref)
+    for a, b in zip(grads(fast, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("feature_map", [relu_feature_map, lambda x: x * x])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_other_feature_maps(feature_map, is_causal):
+    q, k, v = qkv(23)
+    fast = linear_attention(q, k, v, is_causal=is_causal, feature_map=feature_map, chunk_size=5)
+    ref = linear_attention_naive(q, k, v, is_causal=is_causal, feature_map=feature_map)
+    torch.testing.assert_close(fast, ref)
+
+
+def test_feature_map_may_change_the_feature_size():
+    phi = random_feature_map(8, 24, generator=torch.Generator().manual_seed(0))
+    q, k, v = qkv(19)
+    for causal in (False, True):
+        torch.testing.assert_close(
+            linear_attention(q, k, v, is_causal=causal, feature_map=phi, chunk_size=4),
+            linear_attention_naive(q, k, v, is_causal=causal, feature_map=phi),
+        )
+
+
+@pytest.mark.parametrize("i, j", [(5, 3), (3, 9), (10, 1), (7, 0)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_queries_and_keys_of_different_lengths(i, j, is_causal):
+    q, k, v = qkv(i, j)
+    torch.testing.assert_close(
+        linear_attention(q, k, v, is_causal=is_causal, chunk_size=2),
+        linear_attention_naive(q, k, v, is_causal=is_causal),
+    )
+
+
+def test_broadcast_batch_dims():
+    q, _, _ = qkv(11, batch=(2, 3))
+    _, k, v = qkv(11, batch=(1, 3), seed=4)
+    for causal in (False, True):
+        out = linear_attention(q, k, v, is_causal=causal, chunk_size=4)
+        assert out.shape == (2, 3, 11, 5)
+        torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=causal))
+
+
+def test_unbatched_input():
+    q, k, v = qkv(13, batch=())
+    torch.testing.assert_close(
+        linear_attention(q, k, v, is_causal=True, chunk_size=4),
+        linear_attention_naive(q, k, v, is_causal=True),
+    )
+
+
+def test_float32_close_to_float64():
+    q, k, v = qkv(300)
+    out = linear_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=True).float())
+
+
+@given(
+    n=st.integers(1, 40),
+    chunk_size=st.integers(1, 20),
+    is_causal=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_property_chunked_equals_naive(n, chunk_size, is_causal, seed):
+    q, k, v = qkv(n, d=3, e=2, batch=(2,), seed=seed)
+    torch.testing.assert_close(
+        linear_attention(q, k, v, is_causal=is_causal, chunk_size=chunk_size),
+        linear_attention_naive(q, k, v, is_causal=is_causal),
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64])
+def test_causal_future_poisoned_with_huge_values_changes_nothing_before(chunk_size):
+    n, cut = 50, 29
+    q, k, v = qkv(n)
+    ref = linear_attention(q, k, v, is_causal=True, chunk_size=chunk_size)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., cut:, :] = 1e9
+    v2[..., cut:, :] = 1e9
+    out = linear_attention(q, k2, v2, is_causal=True, chunk_size=chunk_size)
+    torch.testing.assert_close(out[..., :cut, :], ref[..., :cut, :])
+    naive = linear_attention_naive(q, k2, v2, is_causal=True)
+    torch.testing.assert_close(naive[..., :cut, :], ref[..., :cut, :])
+
+
+def test_zero_normaliser_gives_zero_output_not_nan():
+    # relu maps an all-negative query to zero features: the eps keeps the output at 0.
+    q, k, v = qkv(6, batch=())
+    q[2] = -1.0
+    for causal in (False, True):
+        out = linear_attention(q, k, v, is_causal=causal, feature_map=relu_feature_map)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out[2], torch.zeros(5, dtype=F64))
+
+
+def test_no_quadratic_intermediate():
+    # The non-causal path multiplies (f, e) states; nothing of size i * j is built.
+    q, k, v = qkv(4096, d=4, e=4, batch=())
+    out = linear_attention(q, k, v)
+    assert out.shape == (4096, 4)
+
+
+# ----------------------------------------------------------------------------- recurrent step
+
+
+@pytest.mark.parametrize("feature_map", [None, relu_feature_map])
+def test_step_equals_causal_form(feature_map):
+    q, k, v = qkv(21, grad=True)
+    state, outs = None, []
+    for t in range(21):
+        out, state = linear_attention_step(
+            q[..., t, :], k[..., t, :], v[..., t, :], state, feature_map=feature_map
+        )
+        outs.append(out)
+    stepped = torch.stack(outs, dim=-2)
+    causal = linear_attention(q, k, v, is_causal=True, chunk_size=8, feature_map=feature_map)
+    torch.testing.assert_close(stepped, causal)
+    for a, b in zip(grads(stepped, (q, k, v)), grads(causal, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_step_state_is_the_running_sum():
+    q, k, v = qkv(5, batch=(2,))
+    state = None
+    for t in range(5):
+        _, state = linear_attention_step(q[:, t], k[:, t], v[:, t], state)
+    S, z = state
+    phi_k = elu_feature_map(k)
+    torch.testing.assert_close(S, phi_k.transpose(-2, -1) @ v)  # (b, f, e)
+    torch.testing.assert_close(z, phi_k.sum(-2))
+    assert S.shape == (2, 8, 5) and z.shape == (2, 8)
+
+
+def test_step_accepts_a_length_one_axis():
+    q, k, v = qkv(4, batch=(3,))
+    state, outs = None, []
+    for t in range(4):
+        out, state = linear_attention_step(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=-2), linear_attention(q, k, v, is_causal=True))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("chunk_size", [0, -3])
+def test_rejects_non_positive_chunk_size(chunk_size):
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match=f"chunk_size must be >= 1, got {chunk_size}"):
+        linear_attention(q, k, v, is_causal=True, chunk_size=chunk_size)
+
+
+def test_rejects_non_integer_chunk_size():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="chunk_size must be an int, got float"):
+        linear_attention(q, k, v, chunk_size=2.0)
+
+
+def test_rejects_mismatched_d():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 6"):
+        linear_attention(q, k[..., :6], v)
+
+
+def test_rejects_mismatched_positions():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 4 and 3"):
+        linear_attention(q, k, v[..., :3, :])
+
+
+def test_rejects_batch_dims_that_do_not_broadcast():
+    q, k, v = qkv(4, batch=(2,))
+    with pytest.raises(ValueError, match="batch dims of query, key and value must broadcast"):
+        linear_attention(q, k, torch.zeros(3, 4, 5, dtype=F64))
+
+
+def test_rejects_mixed_dtypes():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="query and key must share a dtype"):
+        linear_attention(q, k.float(), v)
+
+
+def test_rejects_integer_tensors_and_non_tensors():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="query must have a floating-point dtype"):
+        linear_attention(q.long(), k, v)
+    with pytest.raises(TypeError, match="key must be a torch.Tensor, got list"):
+        linear_attention(q, [1.0], v)
+
+
+@pytest.mark.parametrize("fn", [linear_attention, linear_attention_naive])
+def test_rejects_negative_feature_map(fn):
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="feature_map must be non-negative"):
+        fn(q, k, v, feature_map=lambda x: x)
+
+
+def test_step_rejects_negative_feature_map():
+    q, k, v = qkv(1, batch=())
+    with pytest.raises(ValueError, match="feature_map must be non-negative"):
+        linear_attention_step(q[0], k[0], v[0], feature_map=torch.tanh)
+
+
+def test_rejects_feature_map_changing_leading_dims():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="feature_map must keep every dimension but the last"):
+        linear_attention(q, k, v, feature_map=lambda x: x.abs().sum(0))
+
+
+def test_rejects_non_callable_feature_map_and_bad_eps():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="feature_map must be callable or None, got str"):
+        linear_attention(q, k, v, feature_map="elu")
+    with pytest.raises(ValueError, match="eps must be >= 0, got -1"):
+        linear_attention(q, k, v, eps=-1.0)
+    with pytest.raises(TypeError, match="is_causal must be a bool, got int"):
+        linear_attention(q, k, v, is_causal=1)
+
+
+def test_step_rejects_bad_state():
+    q, k, v = qkv(2, batch=())
+    _, state = linear_attention_step(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="state must have S of shape"):
+        linear_attention_step(q[1], k[1], v[1, :3], state)
+    with pytest.raises(TypeError, match="state must be None or the pair"):
+        linear_attention_step(q[1], k[1], v[1], state[0])
+    with pytest.raises(ValueError, match="q_t and k_t must share their last dimension d, got 8 and 7"):
+        linear_attention_step(q[1], k[1, :7], v[1])

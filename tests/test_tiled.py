@@ -1,0 +1,315 @@
+"""Tests for attention/tiled.py: the online softmax and tiled attention equal the dense reference."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention import (
+    online_softmax,
+    online_softmax_blocked,
+    scaled_dot_product_attention,
+    softmax,
+    tiled_attention,
+)
+
+F64 = torch.float64
+
+
+def qkv(i, j=None, d=8, e=5, batch=(2, 3), seed=0, grad=False):
+    j = i if j is None else j
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, i, d, generator=g, dtype=F64)
+    k = torch.randn(*batch, j, d, generator=g, dtype=F64)
+    v = torch.randn(*batch, j, e, generator=g, dtype=F64)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def grads(out, inputs, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out.shape, generator=g, dtype=out.dtype)
+    return torch.autograd.grad((out * weight).sum(), inputs)
+
+
+# ----------------------------------------------------------------------------- online softmax
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 7, 100])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_online_softmax_equals_softmax(block_size, dim):
+    x = 5 * torch.randn(6, 11, dtype=F64)
+    torch.testing.assert_close(online_softmax(x, dim, block_size=block_size), softmax(x, dim))
+    torch.testing.assert_close(online_softmax(x, dim, block_size=block_size), torch.softmax(x, dim))
+
+
+def test_online_softmax_blocked_equals_softmax():
+    x = torch.randn(3, 4, 130, dtype=F64)
+    torch.testing.assert_close(online_softmax_blocked(x, block_size=16), softmax(x))
+
+
+def test_online_softmax_large_and_increasing_inputs():
+    # Every element raises the running max: each step rescales; no overflow at 1000.
+    x = torch.arange(0, 1001, 10, dtype=F64)
+    out = online_softmax(x)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+def test_online_softmax_minus_inf():
+    x = torch.tensor([[float("-inf"), 1.0, float("-inf"), 2.0], [float("-inf")] * 4], dtype=F64)
+    out = online_softmax(x, block_size=1)
+    torch.testing.assert_close(out[0], torch.softmax(x[0], -1))
+    assert out[0, 0] == 0 and out[0, 2] == 0
+    assert torch.isnan(out[1]).all()  # as softmax and torch.softmax
+
+
+def test_online_softmax_gradient():
+    x = torch.randn(3, 9, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: online_softmax(t, block_size=4), (x,))
+
+
+@given(n=st.integers(1, 40), block=st.integers(1, 12), seed=st.integers(0, 10_000))
+def test_property_online_softmax(n, block, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = 10 * torch.randn(2, n, generator=g, dtype=F64)
+    torch.testing.assert_close(online_softmax(x, block_size=block), torch.softmax(x, -1))
+
+
+def test_online_softmax_rejects_bad_block_size():
+    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
+        online_softmax(torch.zeros(3), block_size=0)
+
+
+# ----------------------------------------------------------------------------- tiled == reference
+
+LENGTHS = [1, 2, 37, 64, 130]
+BLOCKS = [1, 7, 16, 64]
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_tiled_equals_reference_outputs_and_gradients(n, block_size, is_causal):
+    q, k, v = qkv(n, grad=True)
+    fast = tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(fast, ref)
+    for a, b in zip(grads(fast, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("i, j", [(5, 3), (3, 9), (10, 1), (1, 10), (37, 130)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_queries_and_keys_of_different_lengths(i, j, is_causal):
+    q, k, v = qkv(i, j, grad=True)
+    fast = tiled_attention(q, k, v, block_size=4, is_causal=is_causal)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(fast, ref)
+    for a, b in zip(grads(fast, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_tiled_equals_torch_sdpa(is_causal):
+    q, k, v = qkv(45, batch=(2, 4))
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=16, is_causal=is_causal),
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+    )
+
+
+def test_scale():
+    q, k, v = qkv(20)
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=6, scale=0.7),
+        scaled_dot_product_attention(q, k, v, scale=0.7),
+    )
+
+
+def test_broadcast_batch_dims_and_unbatched():
+    q, _, _ = qkv(11, batch=(2, 3))
+    _, k, v = qkv(11, batch=(1, 3), seed=4)
+    out = tiled_attention(q, k, v, block_size=4, is_causal=True)
+    assert out.shape == (2, 3, 11, 5)
+    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    q, k, v = qkv(9, batch=())
+    torch.testing.assert_close(tiled_attention(q, k, v, block_size=2), scaled_dot_product_attention(q, k, v))
+
+
+def test_float32_close_to_float64():
+    q, k, v = qkv(200)
+    out = tiled_attention(q.float(), k.float(), v.float(), block_size=32, is_causal=True)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=True).float()
+    torch.testing.assert_close(out, ref)
+
+
+def test_large_scores_do_not_overflow():
+    q, k, v = qkv(30)
+    out = tiled_attention(100 * q, 100 * k, v, block_size=7)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, scaled_dot_product_attention(100 * q, 100 * k, v))
+
+
+@given(
+    i=st.integers(1, 30),
+    j=st.integers(1, 30),
+    block_size=st.integers(1, 12),
+    is_causal=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_property_tiled_equals_reference(i, j, block_size, is_causal, seed):
+    q, k, v = qkv(i, j, d=3, e=2, batch=(2,), seed=seed)
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal),
+        scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+    )
+
+
+# ----------------------------------------------------------------------------- log-sum-exp
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_return_lse(is_causal):
+    q, k, v = qkv(37, grad=True)
+    out, lse = tiled_attention(q, k, v, block_size=7, is_causal=is_causal, return_lse=True)
+    scores = q @ k.transpose(-2, -1) / 8**0.5
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+    # The log-sum-exp is differentiable too.
+    ga = torch.autograd.grad(lse.sum(), (q, k))
+    gb = torch.autograd.grad(torch.logsumexp(scores, -1).sum(), (q, k))
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def test_boolean_mask_equals_reference():
+    q, k, v = qkv(23, 31, grad=True)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(2, 1, 23, 31, generator=g) > 0.3  # True = may attend
+    fast = tiled_attention(q, k, v, block_size=8, attn_mask=mask)
+    ref = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(fast, ref)
+    for a, b in zip(grads(fast, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_float_mask_equals_reference():
+    q, k, v = qkv(17, 12)
+    bias = torch.randn(17, 12, dtype=F64)
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=5, attn_mask=bias),
+        scaled_dot_product_attention(q, k, v, attn_mask=bias),
+    )
+
+
+def test_padding_mask_broadcast_over_queries():
+    q, k, v = qkv(9, 14)
+    mask = torch.arange(14) < 10  # (j,): the last 4 keys are padding
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=3, attn_mask=mask),
+        scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 64])
+def test_fully_masked_rows_give_zero_output_and_finite_gradients(block_size):
+    q, k, v = qkv(10, 13, grad=True)
+    mask = torch.ones(10, 13, dtype=torch.bool)
+    mask[3] = False
+    mask[7, :] = False
+    fast, lse = tiled_attention(q, k, v, block_size=block_size, attn_mask=mask, return_lse=True)
+    ref = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(fast, ref)
+    assert (fast[..., 3, :] == 0).all() and (fast[..., 7, :] == 0).all()
+    assert torch.isneginf(lse[..., 3]).all()
+    ga, gb = grads(fast, (q, k, v)), grads(ref, (q, k, v))
+    for a, b in zip(ga, gb, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_no_keys_gives_zero_output():
+    q, k, v = qkv(4, 0)
+    out = tiled_attention(q, k, v)
+    torch.testing.assert_close(out, torch.zeros(2, 3, 4, 5, dtype=F64))
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 64])
+def test_causal_future_poisoned_with_huge_values_changes_nothing(block_size):
+    n, cut = 50, 29
+    q, k, v = qkv(n)
+    ref = tiled_attention(q, k, v, block_size=block_size, is_causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., cut:, :] = 1e9
+    v2[..., cut:, :] = 1e9
+    out = tiled_attention(q, k2, v2, block_size=block_size, is_causal=True)
+    torch.testing.assert_close(out[..., :cut, :], ref[..., :cut, :])
+
+
+def test_masked_keys_poisoned_with_huge_values_change_nothing():
+    q, k, v = qkv(12, 20)
+    mask = torch.arange(20) < 15
+    ref = tiled_attention(q, k, v, block_size=6, attn_mask=mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 15:, :] = 1e9
+    v2[..., 15:, :] = 1e9
+    torch.testing.assert_close(tiled_attention(q, k2, v2, block_size=6, attn_mask=mask), ref)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("block_size", [0, -1])
+def test_rejects_non_positive_block_size(block_size):
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match=f"block_size must be >= 1, got {block_size}"):
+        tiled_attention(q, k, v, block_size=block_size)
+
+
+def test_rejects_non_integer_block_size():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="block_size must be an int, got float"):
+        tiled_attention(q, k, v, block_size=4.0)
+
+
+def test_rejects_mismatched_d():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 6"):
+        tiled_attention(q, k[..., :6], v)
+
+
+def test_rejects_mismatched_positions():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 4 and 2"):
+        tiled_attention(q, k, v[..., :2, :])
+
+
+def test_rejects_batch_dims_that_do_not_broadcast():
+    q, k, v = qkv(4, batch=(2,))
+    with pytest.raises(ValueError, match="batch dims of query, key and value must broadcast"):
+        tiled_attention(q, k, torch.zeros(3, 4, 5, dtype=F64))
+
+
+def test_rejects_mixed_dtypes_and_non_tensors():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="query and value must share a dtype"):
+        tiled_attention(q, k, v.float())
+    with pytest.raises(TypeError, match="query must be a torch.Tensor, got list"):
+        tiled_attention([1.0], k, v)
+
+
+def test_rejects_mask_together_with_is_causal_and_bad_masks():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="pass either attn_mask or is_causal=True"):
+        tiled_attention(q, k, v, is_causal=True, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        tiled_attention(q, k, v, attn_mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="is_causal must be a bool, got int"):
+        tiled_attention(q, k, v, is_causal=1)
+    with pytest.raises(TypeError, match="scale must be a float or None, got str"):
+        tiled_attention(q, k, v, scale="1")
