@@ -73,21 +73,29 @@ def peak_memory_mib(target: str, **kwargs) -> float:
     """Extra peak resident memory (MiB) of one call, measured in a fresh subprocess.
 
     ``target`` is ``"module:function"`` importable from ``benchmarks/``; the function takes
-    ``**kwargs``, builds its inputs and returns a zero-argument callable. The probe records
-    the peak resident set size after the set-up and again after the call; the difference is
-    what the call itself needed at its peak.
+    ``**kwargs``, builds its inputs and returns a zero-argument callable. The probe calls it
+    once on the inputs to pay one-time library loading, then resets the kernel's peak-RSS
+    counter (``/proc/self/clear_refs``; Linux) and reports the peak during a second call minus
+    the resident size just before it. ``ru_maxrss`` is not used: Linux carries it across
+    ``exec``, so a probe started by a parent that once held a lot of memory reads that.
     """
     code = (
-        "import importlib, json, resource, sys, torch\n"
+        "import importlib, json, sys, torch\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "def status(key):\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith(key + ':'):\n"
+        "            return int(line.split()[1]) / 1024\n"
         f"mod, fn = {target!r}.split(':')\n"
         "torch.set_num_threads(1)\n"
         f"run = getattr(importlib.import_module(mod), fn)(**json.loads({json.dumps(kwargs)!r}))\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "with torch.inference_mode():\n"
         "    run()\n"
-        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "print((after - before) / 1024)\n"
+        "    before = status('VmRSS')\n"
+        "    open('/proc/self/clear_refs', 'w').write('5')\n"
+        "    run()\n"
+        "    peak = status('VmHWM')\n"
+        "print(max(peak - before, 0.0))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
