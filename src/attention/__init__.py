@@ -23,6 +23,18 @@ from .alignment import (  # noqa: E402  (chapter 08)
     local_centre, local_window, multidimensional_attention, multidimensional_scores,
     multidimensional_weights, soft_alignment, soft_attention,
 )
+from .masks import (  # noqa: E402  (chapter 10: sparse patterns)
+    bigbird_mask,
+    block_sparse_mask,
+    dilated_mask,
+    global_tokens_mask,
+    sliding_window_mask,
+)
+from .sparse import (  # noqa: E402
+    block_sparse_attention,
+    local_global_layout,
+    sliding_window_attention,
+)
 from .linear import (  # noqa: E402  (chapter 09)
     elu_feature_map,
     linear_attention,
@@ -41,4 +53,10 @@ from .pretrained import (  # noqa: E402  chapter 12; transformers is imported la
     AttentionTrace, attention_share, head_distances, head_diversity, load_minilm,
     mean_attention_entropy, minilm_attention_layer, minilm_attention_weights, minilm_model_dir,
     sink_share, token_position, top_heads, trace_attention,
+)
+from .approximate import (  # noqa: E402  (chapter 10: LSH and Linformer)
+    linformer_attention,
+    linformer_projection,
+    lsh_attention,
+    lsh_buckets,
 )

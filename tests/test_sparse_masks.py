@@ -1,0 +1,150 @@
+"""Tests for the sparse mask builders appended to attention/masks.py (chapter 10).
+
+Every builder is checked against a naive double loop over (query i, key j).
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention import (
+    bigbird_mask,
+    block_sparse_mask,
+    dilated_mask,
+    global_tokens_mask,
+    local_global_layout,
+    sliding_window_mask,
+)
+
+
+def loop_mask(n, rule):
+    return torch.tensor([[rule(i, j) for j in range(n)] for i in range(n)], dtype=torch.bool).reshape(n, n)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 37])
+@pytest.mark.parametrize("window", [0, 1, 3, 16, 64])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sliding_window_mask_matches_loop(n, window, is_causal):
+    expected = loop_mask(n, lambda i, j: abs(i - j) <= window and (not is_causal or j <= i))
+    m = sliding_window_mask(n, window, is_causal=is_causal)
+    assert m.dtype == torch.bool and torch.equal(m, expected)
+
+
+@pytest.mark.parametrize("n", [1, 9, 30])
+@pytest.mark.parametrize("window, dilation", [(0, 1), (1, 1), (2, 2), (3, 4), (1, 7)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_dilated_mask_matches_loop(n, window, dilation, is_causal):
+    def rule(i, j):
+        return any(j == i + s * dilation for s in range(-window, (0 if is_causal else window) + 1))
+
+    assert torch.equal(dilated_mask(n, window, dilation, is_causal=is_causal), loop_mask(n, rule))
+
+
+def test_dilation_one_is_sliding_window():
+    assert torch.equal(dilated_mask(20, 3, 1), sliding_window_mask(20, 3))
+
+
+@pytest.mark.parametrize("n, window, global_idx", [(1, 0, [0]), (10, 1, [0]), (13, 2, [0, 5, 12]), (8, 0, [])])
+def test_global_tokens_mask_matches_loop(n, window, global_idx):
+    g = set(global_idx)
+    expected = loop_mask(n, lambda i, j: abs(i - j) <= window or i in g or j in g)
+    assert torch.equal(global_tokens_mask(n, window, global_idx), expected)
+
+
+@pytest.mark.parametrize("n, window, num_global, num_random", [(1, 0, 0, 1), (16, 1, 2, 3), (33, 2, 1, 0), (20, 0, 0, 20)])
+def test_bigbird_mask_is_window_global_plus_random_keys(n, window, num_global, num_random):
+    m = bigbird_mask(n, window, num_global, num_random, seed=7)
+    base = loop_mask(n, lambda i, j: abs(i - j) <= window or i < num_global or j < num_global)
+    assert torch.equal(m & base, base)  # contains window + global
+    # the random part: exactly num_random distinct keys per row, drawn again here by the
+    # same recipe (the indices of the smallest of n uniforms) from the same seed
+    u = torch.rand(n, n, generator=torch.Generator().manual_seed(7))
+    rand = loop_mask(n, lambda i, j: bool((u[i] < u[i, j]).sum() < num_random))
+    assert int(rand.sum()) == n * num_random
+    assert torch.equal(m, base | rand)
+
+
+def test_bigbird_mask_is_seeded():
+    a, b = bigbird_mask(40, 1, 1, 3, seed=1), bigbird_mask(40, 1, 1, 3, seed=1)
+    c = bigbird_mask(40, 1, 1, 3, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert not torch.equal(a, bigbird_mask(40, 1, 1, 3, seed=2))
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 16])
+@pytest.mark.parametrize("n", [1, 7, 37])
+def test_block_sparse_mask_matches_loop(block_size, n):
+    nb = -(-n // block_size)
+    layout = torch.rand(nb, nb, generator=torch.Generator().manual_seed(n)) < 0.5
+    expected = loop_mask(n, lambda i, j: bool(layout[i // block_size, j // block_size]))
+    assert torch.equal(block_sparse_mask(layout, block_size, n), expected)
+
+
+def test_block_sparse_mask_default_and_rectangular():
+    layout = torch.tensor([[True, False, True]])
+    assert block_sparse_mask(layout, 2).shape == (2, 6)
+    m = block_sparse_mask(layout, 2, (1, 5))
+    assert m.int().tolist() == [[1, 1, 0, 0, 1]]
+
+
+@given(n=st.integers(1, 40), w=st.integers(0, 10), b=st.integers(1, 8))
+def test_local_global_layout_expands_to_the_element_pattern(n, w, b):
+    # a block layout with window w blocks and one global block, expanded with block_size 1,
+    # is global_tokens_mask on the blocks
+    layout = local_global_layout(n, w, 1)
+    assert torch.equal(layout, global_tokens_mask(n, w, [0]))
+    assert torch.equal(local_global_layout(n, w, 0, is_causal=True), sliding_window_mask(n, w, is_causal=True))
+    elements = block_sparse_mask(layout, b)
+    assert elements.shape == (n * b, n * b) and elements[0].all()
+
+
+# --- bad input: one test per rule, matching the message ---------------------------------
+
+
+def test_negative_window_is_rejected():
+    with pytest.raises(ValueError, match="window must be >= 0, got -1"):
+        sliding_window_mask(5, -1)
+    with pytest.raises(ValueError, match="window must be >= 0, got -2"):
+        global_tokens_mask(5, -2, [0])
+
+
+def test_dilation_below_one_is_rejected():
+    with pytest.raises(ValueError, match="dilation must be >= 1, got 0"):
+        dilated_mask(5, 1, 0)
+
+
+def test_window_must_be_int():
+    with pytest.raises(TypeError, match="window must be an int"):
+        sliding_window_mask(5, 1.5)
+
+
+def test_global_index_out_of_range_is_rejected():
+    with pytest.raises(ValueError, match=r"global_idx must lie in \[0, n=4\)"):
+        global_tokens_mask(4, 1, [4])
+
+
+def test_bigbird_counts_are_checked():
+    with pytest.raises(ValueError, match="num_random must be <= n=4, got 5"):
+        bigbird_mask(4, 1, 0, 5, seed=0)
+    with pytest.raises(ValueError, match="num_global must be <= n=4, got 5"):
+        bigbird_mask(4, 1, 5, 0, seed=0)
+    with pytest.raises(ValueError, match="either generator or seed"):
+        bigbird_mask(4, 1, 0, 1, seed=0, generator=torch.Generator())
+
+
+def test_block_size_must_be_positive():
+    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
+        block_sparse_mask(torch.ones(2, 2, dtype=torch.bool), 0)
+
+
+def test_block_layout_shape_must_match_length():
+    with pytest.raises(ValueError, match=r"layout has 2 query blocks but 9 query positions"):
+        block_sparse_mask(torch.ones(2, 2, dtype=torch.bool), 4, 9)
+
+
+def test_block_layout_must_be_boolean_2d():
+    with pytest.raises(TypeError, match="layout must be boolean"):
+        block_sparse_mask(torch.ones(2, 2), 4)
+    with pytest.raises(ValueError, match="layout must be a 2-D"):
+        block_sparse_mask(torch.ones(2, dtype=torch.bool), 4)
