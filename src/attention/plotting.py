@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib
-
-
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from torch import Tensor
 
 __all__ = ["use_course_style", "plot_attention", "plot_heads", "plot_mask"]
 
