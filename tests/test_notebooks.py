@@ -76,8 +76,8 @@ def test_ends_with_exercises_whose_solutions_are_checked(path):
               if c["cell_type"] == "markdown" and re.search(r"^## Exercises", "".join(c["source"]), re.M)]
     assert starts, f"{path.name}: no '## Exercises' section"
     solutions = [c for c in cells[starts[-1]:]
-                 if c["cell_type"] == "code" and "hide-input" in c.get("metadata", {}).get("tags", [])]
-    assert len(solutions) >= 2, f"{path.name}: fewer than 2 solution cells tagged hide-input"
+                 if c["cell_type"] == "code" and "hide-cell" in c.get("metadata", {}).get("tags", [])]
+    assert len(solutions) >= 2, f"{path.name}: fewer than 2 solution cells tagged hide-cell"
     for c in solutions:
         assert re.search(r"\bassert\b|assert_close", "".join(c["source"])), (
             f"{path.name}: a solution cell checks nothing"
