@@ -37,7 +37,11 @@ import os
 import sys
 from pathlib import Path
 
-import torch
+# Idle OpenMP threads sleep instead of spinning, so a loaded machine distorts the
+# many-small-kernel contenders less (the same setting for every contender).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 import torch.nn.functional as F
 from torch import nn
 

@@ -243,3 +243,144 @@ def test_block_sparse_rejects_non_boolean_layout():
     q, k, v = qkv(8)
     with pytest.raises(TypeError, match="layout must be boolean"):
         block_sparse_attention(q, k, v, torch.ones(1, 1), 8)
+
+
+# --- block sparse, the zero-copy run path (CPU inference) --------------------------------
+
+
+@pytest.fixture
+def run_path_calls(monkeypatch):
+    """Count the calls that take the run path (and force it for scattered layouts too)."""
+    calls = []
+    original = sparse_module._block_sparse_runs
+
+    def spy(*args, **kwargs):
+        calls.append(args[3])  # the plan
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sparse_module, "_block_sparse_runs", spy)
+    monkeypatch.setattr(sparse_module, "_MAX_RUN_CALLS_PER_ROW", 10**6)
+    return calls
+
+
+def plain_qkv(i, j=None, *, batch=(2, 3), d=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    j = i if j is None else j
+    return (torch.randn(*batch, i, d, generator=g, dtype=dtype),
+            torch.randn(*batch, j, d, generator=g, dtype=dtype),
+            torch.randn(*batch, j, d, generator=g, dtype=dtype))
+
+
+def reference(q, k, v, layout, B, scale=None):
+    mask = block_sparse_mask(layout, B, (q.shape[-2], k.shape[-2]))
+    return scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, B, window, num_global", [
+    (256, 16, 1, 1), (250, 16, 2, 1), (203, 7, 3, 2), (130, 64, 0, 1), (97, 8, 0, 0), (64, 8, 20, 0),
+])
+def test_block_sparse_run_path_equals_dense(run_path_calls, dtype, n, B, window, num_global):
+    layout = local_global_layout(-(-n // B), window, num_global)
+    q, k, v = plain_qkv(n, dtype=dtype, seed=n)
+    out = block_sparse_attention(q, k, v, layout, B)
+    assert len(run_path_calls) == 1 and out.dtype == dtype and out.shape == (2, 3, n, 8)
+    ref = reference(q.double(), k.double(), v.double(), layout, B)
+    tol = {} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 1e-4}
+    torch.testing.assert_close(out, ref.to(dtype), **tol)
+    if dtype == torch.float32:  # and PyTorch's fused kernel with the dense mask
+        mask = block_sparse_mask(layout, B, n)
+        torch.testing.assert_close(
+            out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+            atol=1e-5, rtol=1e-4)
+
+
+def test_block_sparse_run_path_local_global_needs_few_kernel_calls(run_path_calls):
+    # band + one global block: row 0, the global column, the band and the last row
+    n, B = 32 * 16, 16
+    q, k, v = plain_qkv(n, batch=(1,))
+    layout = local_global_layout(32, 1, 1)
+    torch.testing.assert_close(block_sparse_attention(q, k, v, layout, B), reference(q, k, v, layout, B))
+    kinds = [call[0] for call in run_path_calls[0]]
+    assert len(kinds) == 4 and kinds.count("shared") == 1
+
+
+def test_block_sparse_run_path_several_runs_per_row_and_empty_rows(run_path_calls):
+    i, j, B = 75, 93, 8  # neither a multiple of B
+    layout = torch.zeros(10, 12, dtype=torch.bool)
+    layout[:, 0] = True  # a global column
+    layout[:, 5:7] = True  # a shared run in the middle
+    for r in range(10):
+        layout[r, min(11, r + 2):min(12, r + 4)] = True  # a band, clipped at the end
+    layout[3, 9:] = True
+    layout[4] = False  # a row that attends to nothing
+    layout[9] = False  # and the partial last block
+    q, k, v = plain_qkv(i, j, seed=1)
+    out = block_sparse_attention(q, k, v, layout, B, scale=0.3)
+    assert len(run_path_calls) == 1
+    assert (out[..., 32:40, :] == 0).all() and (out[..., 72:, :] == 0).all()
+    torch.testing.assert_close(out, reference(q, k, v, layout, B, scale=0.3))
+    assert (block_sparse_attention(q, k, v, torch.zeros_like(layout), B) == 0).all()
+
+
+def test_block_sparse_run_path_broadcast_and_strided_inputs(run_path_calls):
+    n, B = 90, 8
+    layout = local_global_layout(12, 1, 1)
+    q, k, v = plain_qkv(n, batch=(2, 3))
+    k1, v1 = k[:1], v[:1]  # broadcast over the first batch dim
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last-dim stride != 1
+    out = block_sparse_attention(qt, k1, v1, layout, B)
+    torch.testing.assert_close(out, reference(q, k1, v1, layout, B))
+    assert len(run_path_calls) == 1
+
+
+def test_block_sparse_run_path_matches_the_autograd_path():
+    n, B = 150, 16
+    layout = local_global_layout(10, 2, 1)
+    q, k, v = qkv(n, batch=(2,), d=8, e=8)
+    with_grad = block_sparse_attention(q, k, v, layout, B)  # the gather path, differentiable
+    assert with_grad.requires_grad
+    with torch.no_grad():
+        fast = block_sparse_attention(q, k, v, layout, B)  # the run path
+    assert not fast.requires_grad
+    torch.testing.assert_close(fast, with_grad.detach())
+    assert_same_with_grads(with_grad, reference(q, k, v, layout, B), (q, k, v))
+
+
+def test_pad_positions_does_not_copy_without_padding():
+    x = torch.randn(2, 8, 3)
+    assert sparse_module._pad_positions(x, 0, 0) is x
+    assert sparse_module._pad_positions(x, 1, 2).shape == (2, 11, 3)
+
+
+@given(i=st.integers(1, 60), j=st.integers(1, 60), block=st.integers(1, 12),
+       seed=st.integers(0, 20), p=st.floats(0.05, 0.95))
+def test_block_sparse_run_path_property(i, j, block, seed, p):
+    # any layout through the run path (forced; the gather path usually takes scattered ones)
+    limit = sparse_module._MAX_RUN_CALLS_PER_ROW
+    sparse_module._MAX_RUN_CALLS_PER_ROW = 10**6
+    try:
+        q, k, v = plain_qkv(i, j, batch=(2,), d=4, seed=seed)
+        layout = random_layout(-(-i // block), -(-j // block), seed, p=p)
+        out = block_sparse_attention(q, k, v, layout, block)
+    finally:
+        sparse_module._MAX_RUN_CALLS_PER_ROW = limit
+    torch.testing.assert_close(out, reference(q, k, v, layout, block))
+
+
+@pytest.mark.parametrize("n", [16 * 12, 16 * 12 - 5])
+def test_block_sparse_run_path_column_kept_by_every_row(run_path_calls, n):
+    # diagonal + one global block: the global column is cut out of every row, so its one
+    # call covers all the queries and its output is the output buffer, merged in place
+    B = 12
+    layout = local_global_layout(16, 0, 1)
+    q, k, v = plain_qkv(n, batch=(3,), seed=n)
+    out = block_sparse_attention(q, k, v, layout, B)
+    torch.testing.assert_close(out, reference(q, k, v, layout, B))
+    plan = run_path_calls[0]
+    assert plan[0][:1] == ("shared",) and len(plan[0][1]) == 16 and len(plan) <= 4
+    # a middle column kept by every row, next to runs on both sides
+    layout = random_layout(16, 16, 2, p=0.3)
+    layout[:, 6] = True
+    out = block_sparse_attention(q, k, v, layout, B, scale=0.5)
+    torch.testing.assert_close(out, reference(q, k, v, layout, B, scale=0.5))
