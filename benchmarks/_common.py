@@ -78,6 +78,9 @@ def peak_memory_mib(target: str, **kwargs) -> float:
     counter (``/proc/self/clear_refs``; Linux) and reports the peak during a second call minus
     the resident size just before it. ``ru_maxrss`` is not used: Linux carries it across
     ``exec``, so a probe started by a parent that once held a lot of memory reads that.
+    ``MALLOC_MMAP_THRESHOLD_`` is fixed so that glibc returns every buffer over 64 KiB to
+    the system when it is freed; by default the threshold grows after the first call, and
+    the second call then reuses freed, still-resident memory and seems to need none.
     """
     code = (
         "import importlib, json, sys, torch\n"
@@ -97,7 +100,9 @@ def peak_memory_mib(target: str, **kwargs) -> float:
         "    peak = status('VmHWM')\n"
         "print(max(peak - before, 0.0))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env)
     return float(out.stdout.strip().splitlines()[-1])
 
 
