@@ -25,6 +25,32 @@ def check_tensor(name: str, x, *, floating: bool = False, min_dim: int = 0) -> N
         )
 
 
+def check_qkv(query, key, value=None) -> None:
+    """The checks every attention function opens with.
+
+    query ``(..., i, d)``, key ``(..., j, d)`` and value ``(..., j, e)`` (value optional) must
+    be floating tensors of one dtype with at least 2 dims, query and key must share ``d``,
+    key and value must share ``j``. Batch dims are left to the caller (their rules differ).
+    """
+    check_tensor("query", query, floating=True, min_dim=2)
+    check_tensor("key", key, floating=True, min_dim=2)
+    if value is not None:
+        check_tensor("value", value, floating=True, min_dim=2)
+    for name, t in (("key", key), ("value", value)):
+        if t is not None and t.dtype != query.dtype:
+            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            "query and key must share their last dimension d, "
+            f"got {query.shape[-1]} and {key.shape[-1]}"
+        )
+    if value is not None and key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            "key and value must have the same number of positions j, "
+            f"got {key.shape[-2]} and {value.shape[-2]}"
+        )
+
+
 def check_int(name: str, value, *, minimum: int | None = None) -> int:
     """Require a plain integer (not bool), optionally ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

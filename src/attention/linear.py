@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_tensor
+from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
 from .masks import causal_mask
 
 __all__ = [
@@ -201,23 +201,7 @@ def _check_common(feature_map, eps) -> FeatureMap:
 
 def _validate(query, key, value, is_causal, feature_map, eps, chunk_size=None) -> FeatureMap:
     """The boundary checks of the public sequence functions; returns the feature map."""
-    check_tensor("query", query, floating=True, min_dim=2)
-    check_tensor("key", key, floating=True, min_dim=2)
-    if value is not None:
-        check_tensor("value", value, floating=True, min_dim=2)
-    for name, t in (("key", key), ("value", value)):
-        if t is not None and t.dtype != query.dtype:
-            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must share their last dimension d, "
-            f"got {query.shape[-1]} and {key.shape[-1]}"
-        )
-    if value is not None and key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "key and value must have the same number of positions j, "
-            f"got {key.shape[-2]} and {value.shape[-2]}"
-        )
+    check_qkv(query, key, value)
     shapes = [query.shape[:-2], key.shape[:-2]] + ([value.shape[:-2]] if value is not None else [])
     broadcast_shapes("the batch dims of query, key and value", *shapes)
     if not isinstance(is_causal, bool):

@@ -17,7 +17,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_mask, check_tensor
+from ._checks import broadcast_shapes, check_mask, check_qkv
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -26,23 +26,7 @@ __all__ = ["attention_weights", "scaled_dot_product_attention"]
 
 def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """The boundary checks of the two public functions; returns the scores' shape."""
-    check_tensor("query", query, floating=True, min_dim=2)
-    check_tensor("key", key, floating=True, min_dim=2)
-    if value is not None:
-        check_tensor("value", value, floating=True, min_dim=2)
-    for name, t in (("key", key), ("value", value)):
-        if t is not None and t.dtype != query.dtype:
-            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must share their last dimension d, "
-            f"got {query.shape[-1]} and {key.shape[-1]}"
-        )
-    if value is not None and key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "key and value must have the same number of positions j, "
-            f"got {key.shape[-2]} and {value.shape[-2]}"
-        )
+    check_qkv(query, key, value)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if is_causal and attn_mask is not None:

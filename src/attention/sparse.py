@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_tensor
+from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
 from .masks import global_tokens_mask
 
 __all__ = ["sliding_window_attention", "block_sparse_attention", "local_global_layout"]
@@ -32,22 +32,7 @@ __all__ = ["sliding_window_attention", "block_sparse_attention", "local_global_l
 
 def _check_qkv(query, key, value, scale, *, same_length: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Boundary checks shared by both kernels; returns q, k, v broadcast over the batch dims."""
-    check_tensor("query", query, floating=True, min_dim=2)
-    check_tensor("key", key, floating=True, min_dim=2)
-    check_tensor("value", value, floating=True, min_dim=2)
-    for name, t in (("key", key), ("value", value)):
-        if t.dtype != query.dtype:
-            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must share their last dimension d, "
-            f"got {query.shape[-1]} and {key.shape[-1]}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "key and value must have the same number of positions j, "
-            f"got {key.shape[-2]} and {value.shape[-2]}"
-        )
+    check_qkv(query, key, value)
     if same_length and query.shape[-2] != key.shape[-2]:
         raise ValueError(
             "sliding-window attention is self-attention: query and key must have the same "

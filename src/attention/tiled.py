@@ -30,7 +30,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_mask, check_tensor
+from ._checks import broadcast_shapes, check_int, check_mask, check_qkv, check_tensor
 
 __all__ = ["online_softmax", "online_softmax_blocked", "tiled_attention"]
 
@@ -91,22 +91,7 @@ def online_softmax_blocked(x: Tensor, dim: int = -1, *, block_size: int = 128) -
 
 
 def _validate(query, key, value, attn_mask, block_size, is_causal, scale, return_lse):
-    check_tensor("query", query, floating=True, min_dim=2)
-    check_tensor("key", key, floating=True, min_dim=2)
-    check_tensor("value", value, floating=True, min_dim=2)
-    for name, t in (("key", key), ("value", value)):
-        if t.dtype != query.dtype:
-            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must share their last dimension d, "
-            f"got {query.shape[-1]} and {key.shape[-1]}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "key and value must have the same number of positions j, "
-            f"got {key.shape[-2]} and {value.shape[-2]}"
-        )
+    check_qkv(query, key, value)
     batch = broadcast_shapes(
         "the batch dims of query, key and value", query.shape[:-2], key.shape[:-2], value.shape[:-2]
     )
