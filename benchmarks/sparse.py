@@ -9,7 +9,7 @@
    the target is time <= 2 x (density x dense time). The same with block 128, side by
    side, and the cost of the tiles themselves: a block-diagonal layout (each query block
    sees only its own key block) at N = 4096 for blocks of 64 ... 512, whose ratio is the
-   floor any layout of that block size pays on this CPU.
+   price of cutting the problem into tiles of that size on this CPU.
 
 fp32, batch 1, 4 heads, d = 64, torch.set_num_threads(2); medians after warm-up with the
 contenders interleaved; peak memory of one call in a fresh subprocess. A last check
@@ -43,8 +43,8 @@ THREADS = int(os.environ.get("SPARSE_BENCH_THREADS", "2"))
 # Block 256. GPU block-sparse kernels use 16-128 (BigBird 64) because a GPU's tile is that
 # size; PyTorch's fused CPU kernel cuts its queries into chunks of 32 rows for a call of
 # fewer than 192 queries and of 64 or 256 rows for longer ones, so in a 128-row tile a
-# score costs it about twice as much as in the dense problem, in a 256-row tile 1.3-1.5
-# times as much (the block-diagonal rows below measure this). Density at N = 2048 / 4096 /
+# score costs it 2.2-2.5 times as much as in the dense problem, in a 256-row tile about
+# 1.5 times as much (the block-diagonal rows below measure this). Density at N = 2048 / 4096 /
 # 8192: 0.34 (8 blocks a side: the global row and column alone keep 15 of the 64 tiles,
 # the diagonal 7 more) / 0.18 / 0.15; block 128 gives 0.18 / 0.15 / 0.14.
 HEADS, D, WINDOW, BLOCK, SMALL_BLOCK = 4, 64, 128, 256, 128

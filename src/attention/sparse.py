@@ -462,8 +462,8 @@ def block_sparse_attention(
             mask convention at block level). The same layout for every batch and head.
         block_size: ``B >= 1``. Smaller blocks follow a pattern more closely but run
             further from the hardware's peak: on a CPU, PyTorch's fused kernel computes a
-            score in a 128-row tile at about twice its cost in one dense call, in a
-            256-row tile at about 1.3-1.5 times (``benchmarks/sparse.py`` measures this).
+            score in a 128-row tile at 2.2-2.5 times its cost in one dense call, in a
+            256-row tile at about 1.5 times (``benchmarks/sparse.py`` measures this).
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
 
     Returns:
