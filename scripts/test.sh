@@ -5,9 +5,9 @@ cd "$(dirname "$0")/.."
 BIN=.venv/bin
 export PYTHONHASHSEED=0
 
-echo "== 1-2. unit and property tests, and every chapter re-executed under nbval"
+echo "== 1-2. unit and property tests, docstring examples, and every chapter re-executed under nbval"
 start=$(date +%s)
-$BIN/python -m pytest tests chapters --ignore=tests/browser \
+$BIN/python -m pytest tests chapters src/attention --ignore=tests/browser --doctest-modules \
   --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 echo "(tests and nbval took $(( $(date +%s) - start )) s)"
 

@@ -42,6 +42,7 @@ class CrossAttention(nn.Module):
         bias: give the projections a bias (default ``False``).
 
     Example:
+        >>> import torch
         >>> attn = CrossAttention(16, 12, 24, 28)
         >>> out, w = attn(torch.randn(6, 16), torch.randn(8, 12), need_weights=True)
         >>> out.shape, w.shape

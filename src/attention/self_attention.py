@@ -73,6 +73,7 @@ class SelfAttention(nn.Module):
         w_value: ``nn.Linear(d_in, d_out_v)``.
 
     Example:
+        >>> import torch
         >>> attn = SelfAttention(16, 24, 28)
         >>> attn(torch.randn(6, 16)).shape
         torch.Size([6, 28])

@@ -110,8 +110,8 @@ def softmax_jacobian(z: Tensor) -> Tensor:
         ``(..., n, n)`` Jacobians, one per leading index.
 
     Example:
-        >>> J = softmax_jacobian(torch.zeros(3))
-        >>> torch.allclose(J.sum(-1), torch.zeros(3))  # rows sum to zero
+        >>> J = softmax_jacobian(torch.zeros(3, dtype=torch.float64))
+        >>> torch.allclose(J.sum(-1), torch.zeros(3, dtype=torch.float64))  # rows sum to zero
         True
     """
     check_tensor("z", z, floating=True, min_dim=1)
