@@ -199,5 +199,12 @@ def test_linformer_bad_input():
         linformer_attention(q, k, v, torch.randn(3, 5), torch.randn(3, 6))
     with pytest.raises(ValueError, match="E and F must project to the same k, got 3 and 2"):
         linformer_attention(q, k, v, torch.randn(3, 6), torch.randn(2, 6))
+    E = torch.eye(6)
+    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 4 and 3"):
+        linformer_attention(q, k[..., :3], v, E, E)
+    with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 6 and 5"):
+        linformer_attention(q, k, v[:5], E, E)
+    with pytest.raises(TypeError, match="query and F must share a dtype"):
+        linformer_attention(q, k, v, E, E.double())
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         linformer_projection(6, 0)

@@ -23,7 +23,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_tensor
+from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
 from .scaled_dot_product import scaled_dot_product_attention
 
 __all__ = ["lsh_buckets", "lsh_attention", "linformer_projection", "linformer_attention"]
@@ -280,15 +280,11 @@ def linformer_attention(
         ...                torch.softmax(q @ k.T / 2 ** 0.5, -1) @ v)
         True
     """
-    for name, t in (("query", query), ("key", key), ("value", value), ("E", E), ("F", F)):
+    check_qkv(query, key, value)
+    for name, t in (("E", E), ("F", F)):
         check_tensor(name, t, floating=True, min_dim=2)
         if t.dtype != query.dtype:
             raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            "key and value must have the same number of positions n, "
-            f"got {key.shape[-2]} and {value.shape[-2]}"
-        )
     n = key.shape[-2]
     for name, t in (("E", E), ("F", F)):
         if t.shape[-1] != n:
