@@ -1,4 +1,4 @@
-"""Causal linear attention (chunked) against fused causal softmax attention (chapter 09).
+"""Causal linear attention (chunked) against fused causal softmax attention (chapter 10).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, 2 threads:
 

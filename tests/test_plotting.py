@@ -69,4 +69,4 @@ def test_setup_notebook_makes_draws_repeatable():
 def test_use_course_style_sets_the_shared_style():
     plt.rcParams["figure.dpi"] = 200
     use_course_style()
-    assert plt.rcParams["figure.dpi"] == 80
+    assert plt.rcParams["figure.dpi"] == 100

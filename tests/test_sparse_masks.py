@@ -1,4 +1,4 @@
-"""Tests for the sparse mask builders appended to attention/masks.py (chapter 10).
+"""Tests for the sparse mask builders appended to attention/masks.py (chapter 11).
 
 Every builder is checked against a naive double loop over (query i, key j).
 """

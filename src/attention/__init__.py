@@ -6,7 +6,7 @@ the scores. Each module's docstring names the chapter that teaches it; the impor
 follow the reading order. ``attention.pretrained`` imports transformers only when called.
 """
 
-from .alignment import (  # chapter 08
+from .alignment import (  # chapter 09
     LocalAlignment,
     MultiDimensionalAttention,
     hard_alignment,
@@ -20,15 +20,15 @@ from .alignment import (  # chapter 08
     soft_alignment,
     soft_attention,
 )
-from .approximate import (  # chapter 10
+from .approximate import (  # chapter 11
     linformer_attention,
     linformer_projection,
     lsh_attention,
     lsh_buckets,
 )
-from .cross_attention import CrossAttention  # chapter 07
+from .cross_attention import CrossAttention  # chapter 08
 from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
-from .linear import (  # chapter 09
+from .linear import (  # chapter 10
     elu_feature_map,
     linear_attention,
     linear_attention_naive,
@@ -38,7 +38,7 @@ from .linear import (  # chapter 09
     random_feature_map,
     relu_feature_map,
 )
-from .masks import (  # chapter 04, 10
+from .masks import (  # chapter 04, 11
     bigbird_mask,
     block_sparse_mask,
     causal_mask,
@@ -51,9 +51,9 @@ from .masks import (  # chapter 04, 10
     to_additive_mask,
 )
 from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
-from .notebook import setup_notebook
+from .notebook import report_close, setup_notebook
 from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
-from .pretrained import (  # chapter 12
+from .pretrained import (  # chapter 15
     AttentionTrace,
     attention_share,
     head_distances,
@@ -69,7 +69,7 @@ from .pretrained import (  # chapter 12
     trace_attention,
 )
 from .scaled_dot_product import attention_weights, scaled_dot_product_attention  # chapter 01-04
-from .scoring import (  # chapter 08
+from .scoring import (  # chapter 09
     ACTIVATIONS,
     AdditiveAttention,
     AdditiveScore,
@@ -83,7 +83,7 @@ from .scoring import (  # chapter 08
     scaled_dot_scores,
 )
 from .self_attention import SelfAttention  # chapter 05
-from .seq2seq import (  # chapter 07
+from .seq2seq import (  # chapter 08
     TinySeq2Seq,
     encoder_decoder_masks,
     greedy_decode,
@@ -98,12 +98,12 @@ from .softmax import (  # chapter 02
     softmax_jacobian,
     two_pass_softmax,
 )
-from .sparse import (  # chapter 10
+from .sparse import (  # chapter 11
     block_sparse_attention,
     local_global_layout,
     sliding_window_attention,
 )
-from .tiled import online_softmax, online_softmax_blocked, tiled_attention  # chapter 11
+from .tiled import online_softmax, online_softmax_blocked, tiled_attention  # chapter 12
 
 __version__ = "0.1.0"
 
@@ -127,6 +127,7 @@ __all__ = [
     "sliding_window_mask",
     "to_additive_mask",
     "setup_notebook",
+    "report_close",
     "plot_attention",
     "plot_heads",
     "plot_mask",

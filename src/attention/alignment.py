@@ -1,4 +1,4 @@
-"""Alignment: how scores become weights, and how many weights per key (taught in chapter 08).
+"""Alignment: how scores become weights, and how many weights per key (taught in chapter 09).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions (``S`` of them, the source length), ``d_q`` query size, ``d_k`` key

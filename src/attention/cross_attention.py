@@ -1,5 +1,5 @@
 """Single-head cross-attention: queries from one sequence, keys and values from another
-(chapter 07).
+(chapter 08).
 
 Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions (the
 attending sequence, e.g. the decoder), ``j`` key positions (the attended context, e.g.

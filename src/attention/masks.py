@@ -1,4 +1,4 @@
-"""Mask builders (taught in chapter 04; sparse patterns in chapter 10).
+"""Mask builders (taught in chapter 04; sparse patterns in chapter 11).
 
 Convention, everywhere in this package: a mask is **boolean and True means "may attend"**,
 as in ``torch.nn.functional.scaled_dot_product_attention``. It must broadcast to the
@@ -148,7 +148,7 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor
 
 
 # ----------------------------------------------------------------------------------------
-# Sparse patterns (chapter 10). Each builder returns an ``(n, n)`` boolean mask, True = may
+# Sparse patterns (chapter 11). Each builder returns an ``(n, n)`` boolean mask, True = may
 # attend, that the efficient kernels in ``attention/sparse.py`` are tested against.
 # ----------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Score functions: how a query and a key become one number (taught in chapter 08).
+"""Score functions: how a query and a key become one number (taught in chapter 09).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions, ``d_q`` query size, ``d_k`` key size, ``h`` hidden size of the

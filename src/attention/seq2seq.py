@@ -1,4 +1,4 @@
-"""A tiny encoder-decoder whose cross-attention learns an alignment (chapter 07).
+"""A tiny encoder-decoder whose cross-attention learns an alignment (chapter 08).
 
 The toy task is sequence reversal: the source ``3 1 4 1 5`` must become ``5 1 4 1 3``.
 Output position ``t`` of a length-``n`` sequence needs exactly source position

@@ -1,4 +1,4 @@
-r"""Memory-efficient exact attention: the online softmax and tiled attention (chapter 11).
+r"""Memory-efficient exact attention: the online softmax and tiled attention (chapter 12).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` any softmax

@@ -1,0 +1,83 @@
+"""report_close: asserts a stated tolerance and prints it, never the rounding error."""
+
+import math
+
+import pytest
+import torch
+
+from attention import report_close, setup_notebook
+
+
+def test_prints_the_bound_not_the_error(capsys):
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    report_close("sum order", x + 1e-15, x, atol=1e-12)
+    assert capsys.readouterr().out == "sum order: agree within 1e-12\n"
+
+
+@pytest.mark.parametrize(
+    ("atol", "rtol", "text"),
+    [(0.0, 0.0, "agree exactly"), (0.0, 1e-6, "agree within a relative 1e-6"),
+     (1e-5, 1e-3, "agree within 1e-5 + 0.001·|expected|"), (0.5, 0.0, "agree within 0.5")],
+)
+def test_wording_of_each_kind_of_bound(capsys, atol, rtol, text):
+    report_close("x", torch.ones(3), torch.ones(3), atol=atol, rtol=rtol)
+    assert capsys.readouterr().out == f"x: {text}\n"
+
+
+def test_raises_with_the_measured_difference():
+    a = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    with pytest.raises(AssertionError, match=r"1 of 3 values differ.*largest difference 1\.000e-03 at index \(2,\)"):
+        report_close("x", a + torch.tensor([0.0, 0.0, 1e-3], dtype=torch.float64), a, atol=1e-4)
+
+
+def test_relative_bound_scales_with_expected():
+    report_close("big", torch.tensor([1e6 + 1.0]), torch.tensor([1e6]), atol=0.0, rtol=1e-5)
+    with pytest.raises(AssertionError):
+        report_close("small", torch.tensor([2.0]), torch.tensor([1.0]), atol=0.0, rtol=1e-5)
+
+
+def test_nan_matches_only_nan_and_inf_only_the_same_inf():
+    nan, inf = math.nan, math.inf
+    report_close("nan", torch.tensor([nan, inf, -inf]), torch.tensor([nan, inf, -inf]), atol=0.0)
+    with pytest.raises(AssertionError):
+        report_close("nan vs 0", torch.tensor([nan]), torch.tensor([0.0]), atol=1.0)
+    with pytest.raises(AssertionError):
+        report_close("inf vs -inf", torch.tensor([inf]), torch.tensor([-inf]), atol=1.0)
+
+
+def test_numbers_and_broadcasting():
+    report_close("scalar", 0.1 + 0.2, 0.3, atol=1e-15)
+    report_close("broadcast", torch.zeros(2, 3), 0.0, atol=0.0)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        report_close("shapes", torch.zeros(2), torch.zeros(3), atol=1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [({"atol": -1.0}, ValueError, "atol must be finite and >= 0"),
+     ({"atol": math.nan}, ValueError, "atol must be finite"),
+     ({"atol": 0.0, "rtol": True}, TypeError, "rtol must be a number"),
+     ({"atol": "1e-6"}, TypeError, "atol must be a number")],
+)
+def test_bad_tolerances(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        report_close("x", torch.zeros(1), torch.zeros(1), **kwargs)
+
+
+def test_tolerance_is_required():
+    with pytest.raises(TypeError):
+        report_close("x", torch.zeros(1), torch.zeros(1))  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [({"threads": 0}, ValueError, "threads must be >= 1"),
+     ({"seed": -1}, ValueError, "seed must be >= 0"),
+     ({"precision": 2.5}, TypeError, "precision must be an int"),
+     ({"threads": True}, TypeError, "threads must be an int")],
+)
+def test_setup_notebook_refuses_bad_input_before_changing_state(kwargs, exc, match):
+    before = torch.get_num_threads()
+    with pytest.raises(exc, match=match):
+        setup_notebook(**kwargs)
+    assert torch.get_num_threads() == before
