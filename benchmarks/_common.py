@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# Saved inside the package, so a chapter finds them wherever it runs (a clone, Colab,
+# Binder): attention.load_benchmark(name) reads them as package data.
+RESULTS = Path(__file__).resolve().parent.parent / "src" / "attention" / "benchmark_results"
 
 
 def stamp(threads: int) -> dict:
@@ -107,7 +109,7 @@ def peak_memory_mib(target: str, **kwargs) -> float:
 
 
 def save_results(name: str, data: dict) -> Path:
-    """Write ``data`` to ``benchmarks/results/<name>.json`` and return the path."""
+    """Write ``data`` to ``src/attention/benchmark_results/<name>.json`` and return the path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")

@@ -10,7 +10,7 @@ Contenders, fp32, batch 1, 4 heads, d = e = 64, 2 threads:
 For each N the two are timed round-robin (medians after warm-up) and each one's peak
 memory is measured in a fresh subprocess. Prints the speed-up and the crossover length
 (the shortest N from which linear attention stays faster) and saves
-``benchmarks/results/linear.json``.
+``src/attention/benchmark_results/linear.json``.
 
 Run: ``.venv/bin/python benchmarks/linear.py`` (about two minutes).
 """

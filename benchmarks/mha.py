@@ -26,7 +26,7 @@ Contenders, timed round-robin in one run (medians after warm-up):
 
 All contenders share the same weights and are checked to agree before timing (that
 first call is also the warm-up). Prints
-ratios (time / package time) and saves ``benchmarks/results/mha.json``.
+ratios (time / package time) and saves ``src/attention/benchmark_results/mha.json``.
 
 Run: ``.venv/bin/python benchmarks/mha.py`` (about a minute on 2 idle cores, three under load).
 """

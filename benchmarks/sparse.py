@@ -15,7 +15,7 @@ fp32, batch 1, 4 heads, d = 64, torch.set_num_threads(2); medians after warm-up 
 contenders interleaved; peak memory of one call in a fresh subprocess. A last check
 repeats the N = 8192 comparisons on one thread. Run with
 ``.venv/bin/python benchmarks/sparse.py`` (about 1.5 minutes on 2 idle cores); results go to
-``benchmarks/results/sparse.json``.
+``src/attention/benchmark_results/sparse.json``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, 2 threads:
 
 Peak memory is measured in a fresh subprocess per call (``_common.peak_memory_mib``);
 times are medians of round-robin runs after warm-up. Prints the memory and time ratios
-and saves ``benchmarks/results/tiled.json``.
+and saves ``src/attention/benchmark_results/tiled.json``.
 
 Run: ``.venv/bin/python benchmarks/tiled.py`` (about two minutes).
 """

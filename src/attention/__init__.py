@@ -51,7 +51,7 @@ from .masks import (  # chapter 04, 11
     to_additive_mask,
 )
 from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
-from .notebook import report_close, setup_notebook
+from .notebook import load_benchmark, report_close, setup_notebook
 from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
 from .pretrained import (  # chapter 15
     AttentionTrace,
@@ -128,6 +128,7 @@ __all__ = [
     "to_additive_mask",
     "setup_notebook",
     "report_close",
+    "load_benchmark",
     "plot_attention",
     "plot_heads",
     "plot_mask",

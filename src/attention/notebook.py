@@ -9,15 +9,17 @@ machine, while "agree within 1e-12" is a claim that holds on every machine.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from importlib import resources
 
 import numpy as np
 import torch
 
 from .plotting import use_course_style
 
-__all__ = ["setup_notebook", "report_close"]
+__all__ = ["setup_notebook", "report_close", "load_benchmark"]
 
 
 def setup_notebook(seed: int = 0, *, precision: int = 4, threads: int = 1) -> None:
@@ -130,3 +132,29 @@ def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0)
         print(f"{name}: agree within a relative {_fmt(rtol)}")
     else:
         print(f"{name}: agree within {_fmt(atol)} + {_fmt(rtol)}·|expected|")
+
+
+def load_benchmark(name: str) -> dict:
+    """The saved results of ``benchmarks/<name>.py``, shipped inside the package.
+
+    The benchmark scripts write ``attention/benchmark_results/<name>.json``; reading it as
+    package data means a chapter finds it wherever it runs (a clone, Colab, Binder).
+
+    Args:
+        name: the benchmark's name, e.g. ``"tiled"`` for ``benchmarks/tiled.py``.
+
+    Returns:
+        The parsed JSON: the machine stamp and the measurements.
+
+    Example:
+        >>> from attention import load_benchmark
+        >>> "stamp" in load_benchmark("tiled")  # who measured: CPU, threads, torch version
+        True
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    folder = resources.files("attention") / "benchmark_results"
+    available = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    if name not in available:
+        raise ValueError(f"no saved benchmark named {name!r}; available: {', '.join(available)}")
+    return json.loads((folder / f"{name}.json").read_text())
