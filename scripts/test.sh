@@ -4,18 +4,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 export PYTHONHASHSEED=0
+elapsed() { echo "($1 took $(( $(date +%s) - $2 )) s)"; }
 
-echo "== 1-2. unit and property tests, docstring examples, and every chapter re-executed under nbval"
-start=$(date +%s)
-$BIN/python -m pytest tests chapters src/attention --ignore=tests/browser --doctest-modules \
-  --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
-echo "(tests and nbval took $(( $(date +%s) - start )) s)"
+echo "== 1. lint: ruff check"
+$BIN/ruff check src tests benchmarks scripts
 
-echo "== 3. the book, built with warnings as errors"
+echo "== 2. the book, built with warnings as errors"
 start=$(date +%s)
 $BIN/jupyter-book build . --all -W -n --keep-going
-echo "(book build took $(( $(date +%s) - start )) s)"
+elapsed "book build" "$start"
 
-echo "== 4. the built pages in a headless browser, network cut"
+echo "== 3. pytest --nbval: unit, property and notebook-structure tests, docstring examples,"
+echo "      JupyterLab and simulated-Colab launches, browser checks of the built pages,"
+echo "      and every chapter re-executed and compared (options in pyproject.toml)"
 bash scripts/ensure_chromium.sh
-$BIN/python -m pytest tests/browser
+start=$(date +%s)
+COURSE_REQUIRE_BROWSER=1 $BIN/python -m pytest --nbval -n 2 --dist loadfile
+elapsed "pytest --nbval" "$start"
+
+echo "== 4. every chapter again, computed as another machine would: PyTorch's plain C++"
+echo "      kernels, MKL's compatible code path, and flush-to-zero in the kernel"
+start=$(date +%s)
+bash scripts/nbval_numerics.sh other -n 2 --dist loadfile chapters
+elapsed "nbval on other numerics" "$start"

@@ -94,3 +94,77 @@ def test_every_chapter_is_in_the_table_of_contents_and_vice_versa():
     listed = set(re.findall(r"file:\s*chapters/(\S+)", toc))
     on_disk = {p.stem for p in CHAPTERS}
     assert listed == on_disk
+
+
+# --- Outputs that are the same on every machine -------------------------------------------
+# A compared output (a cell not tagged nbval-ignore-output) must not depend on the CPU, the
+# BLAS code path, the thread count or flush-to-zero. These patterns catch what does.
+ROUNDING_ERROR = re.compile(r"(?<![\w.])\d\.\d+e-(0[5-9]|[1-9]\d)\b")  # 6.66e-16, 4.8e-07
+TINY_LITERAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?e-(3[89]|[4-9]\d|\d{3})\b")  # float32 subnormals and below
+ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+
+
+def compared_texts(nb):
+    """(cell index, text) of every text output that nbval compares."""
+    for n, cell in enumerate(code_cells(nb)):
+        if "nbval-ignore-output" in cell.get("metadata", {}).get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            yield n, "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_compared_outputs_hold_no_machine_dependent_numbers(path):
+    for n, text in compared_texts(load(path)):
+        for what, pattern in (("a raw rounding-error-sized number", ROUNDING_ERROR),
+                              ("a subnormal-sized number", TINY_LITERAL),
+                              ("a memory address", ADDRESS)):
+            hit = pattern.search(text)
+            assert hit is None, (
+                f"{path.name} code cell {n} prints {what} ({hit.group()}): it changes with the "
+                "CPU or summation order; print the bound you assert (attention.report_close)"
+            )
+
+
+def test_the_pattern_catches_what_it_should():
+    assert ROUNDING_ERROR.search("max |a - b| = 6.66e-16")
+    assert ROUNDING_ERROR.search("asymmetry 4.8e-07")
+    assert TINY_LITERAL.search("smallest weight 8.194e-40")
+    assert TINY_LITERAL.search("2.34e-43")
+    assert ADDRESS.search("<Figure at 0x7f3a2b1c9d90>")
+    assert not ROUNDING_ERROR.search("agree within 1e-12")  # a stated bound, no mantissa
+    assert not ROUNDING_ERROR.search("lr = 3.0e-03")
+    assert not TINY_LITERAL.search("agree within 1e-12")
+
+
+# --- Figures sized for the column and sharp on high-density screens -----------------------
+COLUMN_CSS_PX = 760  # the book's content column is about 750 CSS px wide
+MIN_DENSITY = 1.5  # device pixels per CSS pixel
+
+
+def stored_pngs(nb):
+    import base64
+    import struct
+
+    for n, cell in enumerate(code_cells(nb)):
+        for out in cell.get("outputs", []):
+            png = out.get("data", {}).get("image/png")
+            if png:
+                raw = base64.b64decode(png)
+                width = struct.unpack(">I", raw[16:20])[0]
+                meta = out.get("metadata", {}).get("image/png", {})
+                css = meta.get("width", width) if isinstance(meta, dict) else width
+                yield n, width, css
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_figures_fit_the_column_and_are_sharp(path):
+    for n, width, css in stored_pngs(load(path)):
+        assert css <= COLUMN_CSS_PX, (
+            f"{path.name} code cell {n}: a figure {css} CSS px wide is shrunk by the "
+            f"~{COLUMN_CSS_PX} px column; make it at most 7.5 in wide"
+        )
+        assert width / css >= MIN_DENSITY, (
+            f"{path.name} code cell {n}: {width / css:.1f} device px per CSS px; store it "
+            "retina (setup_notebook does) so it is sharp on high-density screens"
+        )

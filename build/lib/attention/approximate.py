@@ -1,0 +1,301 @@
+"""Content-based and low-rank approximations of attention (taught in chapter 11).
+
+Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions, ``j`` key
+positions, ``n`` sequence length (self-attention, ``i = j = n``), ``d`` query/key size,
+``e`` value size, ``r`` hash rounds, ``c`` chunks, ``C`` chunk size, ``k`` projected length.
+
+* :func:`lsh_attention` (Reformer {cite}`kitaev2020reformer`): shared queries/keys are
+  hashed with random rotations so that similar vectors tend to share a bucket; the
+  sequence is sorted by bucket and cut into chunks, and each query attends only inside
+  its chunk and the one before it, to keys of its own bucket.
+* :func:`linformer_attention` (Linformer {cite}`wang2020linformer`): keys and values are
+  projected along the *sequence* axis to ``k`` rows, so the scores are ``(i, k)``.
+
+Both are approximations; the tests check that each reduces to full attention in its
+limit (one bucket and one chunk; ``k = n`` with identity projections).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
+from .scaled_dot_product import scaled_dot_product_attention
+
+__all__ = ["lsh_buckets", "lsh_attention", "linformer_projection", "linformer_attention"]
+
+
+def _check_scale(scale) -> None:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+
+
+def _check_n_buckets(n_buckets) -> int:
+    n_buckets = check_int("n_buckets", n_buckets, minimum=1)
+    if n_buckets != 1 and n_buckets % 2:
+        raise ValueError(
+            "n_buckets must be 1 or even (the hash is argmax over [xR, -xR]), "
+            f"got {n_buckets}"
+        )
+    return n_buckets
+
+
+def lsh_buckets(
+    x: Tensor, n_buckets: int, n_hashes: int = 1, *, generator: torch.Generator | None = None
+) -> Tensor:
+    r"""Angular LSH bucket of every vector: :math:`h(x) = \arg\max([xR, -xR])`.
+
+    ``R`` is a random ``(d, n_buckets / 2)`` Gaussian matrix (one per hash round), i.e. a
+    random rotation followed by a projection. Vectors at a small angle land in the same
+    bucket with high probability; the bucket does not depend on the vector's length.
+
+    Args:
+        x: ``(..., n, d)``.
+        n_buckets: 1 (everything in bucket 0) or an even number.
+        n_hashes: independent hash rounds ``r >= 1``.
+        generator: source of the rotations (drawn on the CPU, so a seeded generator
+            gives the same buckets on every device). The same seed gives the same
+            buckets as :func:`lsh_attention`.
+
+    Returns:
+        ``(..., r, n)`` integer buckets in ``[0, n_buckets)``.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.1], [-1.0, 0.0]])
+        >>> b = lsh_buckets(x, 4, generator=torch.Generator().manual_seed(0))[0]
+        >>> bool(b[0] == b[1]), bool(b[0] != b[2])  # same direction, opposite direction
+        (True, True)
+    """
+    check_tensor("x", x, floating=True, min_dim=2)
+    n_buckets = _check_n_buckets(n_buckets)
+    n_hashes = check_int("n_hashes", n_hashes, minimum=1)
+    *batch, n, d = x.shape
+    if n_buckets == 1:
+        return torch.zeros(*batch, n_hashes, n, dtype=torch.long, device=x.device)
+    rotations = torch.randn(d, n_hashes, n_buckets // 2, generator=generator)
+    rotations = rotations.to(device=x.device, dtype=x.dtype)
+    rotated = torch.einsum("...nd,drk->...rnk", x, rotations)  # (..., r, n, n_buckets/2)
+    return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (..., r, n)
+
+
+def _chunks_with_look_back(x: Tensor, fill: float | int | bool) -> Tensor:
+    """``(..., c, C, f)`` -> ``(..., c, 2C, f)``: chunk ``c - 1`` (``fill`` before the first) then ``c``."""
+    before = torch.full_like(x[..., :1, :, :], fill)
+    previous = torch.cat([before, x[..., :-1, :, :]], dim=-3)  # (..., c, C, f)
+    return torch.cat([previous, x], dim=-2)  # (..., c, 2C, f)
+
+
+def lsh_attention(
+    query_key: Tensor,
+    value: Tensor,
+    *,
+    n_buckets: int,
+    n_hashes: int = 1,
+    chunk_size: int,
+    generator: torch.Generator | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    normalize_keys: bool = False,
+) -> Tensor:
+    r"""Reformer's LSH attention with shared queries and keys {cite}`kitaev2020reformer`.
+
+    Exactly what is computed, for each hash round :math:`r`:
+
+    1. Queries and keys are both ``query_key`` (shared QK); with ``normalize_keys`` the
+       keys are normalised to unit length, :math:`k_j = x_j / \lVert x_j \rVert`, as in
+       the Reformer paper. Scores are :math:`q_i \cdot k_j \cdot s`, ``s = scale``
+       (default :math:`1/\sqrt{d}`).
+    2. Bucket every position with :func:`lsh_buckets` (argmax over ``[xR, -xR]``).
+    3. Sort the positions by bucket, ties by position (so the sort is stable and the
+       order inside a bucket is the sequence order).
+    4. Cut the sorted sequence into chunks of ``chunk_size`` (the last one padded). A
+       query attends to the keys of its own chunk and of the chunk before it (the first
+       chunk has no look-back; no wrap-around), restricted to keys **in its own bucket**
+       and, with ``is_causal``, to key positions :math:`\le` its own.
+    5. A query never attends to its own position, **unless no other key is left** after
+       step 4; then it attends to itself alone (weight 1). (Shared QK makes
+       :math:`q_i \cdot k_i` the largest score, which would otherwise dominate.)
+    6. Softmax over the remaining keys; unsort the outputs back to sequence order.
+
+    With several rounds the outputs are combined by the share of the softmax mass each
+    round found, :math:`o_i = \sum_r \frac{e^{L_{ri}}}{\sum_{r'} e^{L_{r'i}}} o_{ri}` with
+    :math:`L_{ri}` the log-sum-exp of query ``i``'s scores in round ``r``. (A key found
+    in two rounds is counted twice; the Reformer paper optionally corrects for that.)
+
+    With ``n_buckets=1`` and ``chunk_size >= n`` every query sees every key, so the
+    result is full shared-QK attention with the self position masked (step 5):
+    ``scaled_dot_product_attention(x, keys, value, attn_mask=~eye)`` with ``keys = x``
+    (or ``x`` normalised).
+
+    Args:
+        query_key: ``(..., n, d)`` shared queries/keys.
+        value: ``(..., n, e)``. Leading dims broadcast.
+        n_buckets: 1 or an even number.
+        n_hashes: hash rounds ``r >= 1``.
+        chunk_size: ``C >= 1``.
+        generator: source of the random rotations (see :func:`lsh_buckets`).
+        is_causal: only keys at positions ``<= i``.
+        scale: multiplies the scores; default :math:`1/\sqrt{d}`.
+        normalize_keys: use unit-length keys (Reformer); default False, plain shared QK.
+
+    Returns:
+        ``(..., n, e)``.
+    """
+    check_tensor("query_key", query_key, floating=True, min_dim=2)
+    check_tensor("value", value, floating=True, min_dim=2)
+    if value.dtype != query_key.dtype:
+        raise TypeError(
+            f"query_key and value must share a dtype, got {query_key.dtype} and {value.dtype}"
+        )
+    if query_key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            "query_key and value must have the same number of positions n, "
+            f"got {query_key.shape[-2]} and {value.shape[-2]}"
+        )
+    n_buckets = _check_n_buckets(n_buckets)
+    n_hashes = check_int("n_hashes", n_hashes, minimum=1)
+    C = check_int("chunk_size", chunk_size, minimum=1)
+    for name, flag in (("is_causal", is_causal), ("normalize_keys", normalize_keys)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    _check_scale(scale)
+    batch = broadcast_shapes(
+        "the batch dims of query_key and value",
+        tuple(query_key.shape[:-2]), tuple(value.shape[:-2]),
+    )
+    x = query_key.expand(*batch, *query_key.shape[-2:])
+    value = value.expand(*batch, *value.shape[-2:])
+    n, d, e = x.shape[-2], x.shape[-1], value.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if n == 0:
+        return x.new_zeros(*batch, 0, e)
+
+    buckets = lsh_buckets(x, n_buckets, n_hashes, generator=generator)  # (..., r, n)
+    positions = torch.arange(n, device=x.device)
+    order = (buckets * n + positions).argsort(dim=-1)  # (..., r, n): by bucket, then position
+
+    def sort(t: Tensor) -> Tensor:  # (..., n, f) -> (..., r, n, f) in each round's order
+        t = t.unsqueeze(-3).expand(*batch, n_hashes, n, t.shape[-1])
+        return t.gather(-2, order.unsqueeze(-1).expand(*order.shape, t.shape[-1]))
+
+    keys = torch.nn.functional.normalize(x, dim=-1) if normalize_keys else x  # (..., n, d)
+    q, k, v = sort(x), sort(keys), sort(value)  # (..., r, n, *)
+    pos = positions.expand_as(order).gather(-1, order)  # (..., r, n)
+    bkt = buckets.gather(-1, order)  # (..., r, n)
+
+    nc = -(-n // C)
+    pad = nc * C
+
+    def chunk(t: Tensor, fill) -> Tensor:  # (..., r, n, f) -> (..., r, c, C, f)
+        t = torch.cat([t, t.new_full((*t.shape[:-2], pad - n, t.shape[-1]), fill)], dim=-2)
+        return t.unflatten(-2, (nc, C))
+
+    q_c = chunk(q, 0.0)  # (..., r, c, C, d)
+    k_c = _chunks_with_look_back(chunk(k, 0.0), 0.0)  # (..., r, c, 2C, d)
+    v_c = _chunks_with_look_back(chunk(v, 0.0), 0.0)  # (..., r, c, 2C, e)
+    pos_q = chunk(pos.unsqueeze(-1), -1)  # (..., r, c, C, 1)
+    bkt_q = chunk(bkt.unsqueeze(-1), -1)  # (..., r, c, C, 1)
+    pos_k = _chunks_with_look_back(chunk(pos.unsqueeze(-1), -1), -1).transpose(-1, -2)  # (..., r, c, 1, 2C)
+    bkt_k = _chunks_with_look_back(chunk(bkt.unsqueeze(-1), -1), -1).transpose(-1, -2)  # (..., r, c, 1, 2C)
+
+    allowed = (pos_k >= 0) & (bkt_k == bkt_q)  # (..., r, c, C, 2C): real key, same bucket
+    if is_causal:
+        allowed = allowed & (pos_k <= pos_q)
+    others = allowed & (pos_k != pos_q)
+    mask = torch.where(others.any(dim=-1, keepdim=True), others, allowed)  # step 5
+    mask = mask | ~mask.any(dim=-1, keepdim=True)  # padding queries: anything finite, dropped below
+
+    scores = (q_c @ k_c.transpose(-1, -2)) * scale  # (..., r, c, C, 2C)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (..., r, c, C)
+    out = torch.exp(scores - lse.unsqueeze(-1)) @ v_c  # (..., r, c, C, e)
+
+    out = out.flatten(-3, -2)[..., :n, :]  # (..., r, n, e) in sorted order
+    lse = lse.flatten(-2, -1)[..., :n]  # (..., r, n)
+    undo = order.argsort(dim=-1)  # (..., r, n): sorted slot of each position
+    out = out.gather(-2, undo.unsqueeze(-1).expand(*undo.shape, e))  # (..., r, n, e)
+    lse = lse.gather(-1, undo)  # (..., r, n)
+    share = torch.softmax(lse, dim=-2)  # (..., r, n): each round's share of the mass
+    return (share.unsqueeze(-1) * out).sum(dim=-3)  # (..., n, e)
+
+
+def linformer_projection(
+    n: int, k: int, *, generator: torch.Generator | None = None, dtype=torch.float32
+) -> Tensor:
+    r"""A random ``(k, n)`` sequence projection with entries :math:`\mathcal N(0, 1/k)`.
+
+    Johnson-Lindenstrauss style: :math:`E^\top E \approx I` on average, so
+    :math:`(E K)^\top (E V) \approx K^\top V`. Linformer learns ``E`` and ``F``; a random
+    draw is the untrained starting point {cite}`wang2020linformer`.
+
+    Args:
+        n: sequence length.
+        k: projected length ``>= 1``.
+        generator: random source.
+
+    Returns:
+        ``(k, n)`` tensor.
+    """
+    n = check_int("n", n, minimum=1)
+    k = check_int("k", k, minimum=1)
+    return torch.randn(k, n, generator=generator, dtype=dtype) / math.sqrt(k)
+
+
+def linformer_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    E: Tensor,
+    F: Tensor,
+    *,
+    scale: float | None = None,
+) -> Tensor:
+    r"""Linformer attention :math:`\operatorname{softmax}(Q (E K)^\top s)\,(F V)` {cite}`wang2020linformer`.
+
+    ``E`` and ``F`` project the ``n`` key/value *positions* down to ``k`` rows, so the
+    scores are ``(i, k)``: time and memory :math:`O(n k)` instead of :math:`O(n^2)`. The
+    approximation rests on the attention matrix being close to low rank. With ``k = n``
+    and ``E = F = I`` it is exactly full attention. (No mask: a projection mixes all
+    positions, so a causal or padding mask cannot be applied after it.)
+
+    Args:
+        query: ``(..., i, d)``.
+        key: ``(..., n, d)``.
+        value: ``(..., n, e)``.
+        E: ``(..., k, n)`` key projection (leading dims broadcast, e.g. one per head).
+        F: ``(..., k, n)`` value projection.
+        scale: multiplies the scores; default :math:`1/\sqrt{d}`.
+
+    Returns:
+        ``(..., i, e)``.
+
+    Example:
+        >>> q, k, v = torch.randn(3, 2), torch.randn(4, 2), torch.randn(4, 1)
+        >>> I = torch.eye(4)
+        >>> torch.allclose(linformer_attention(q, k, v, I, I),
+        ...                torch.softmax(q @ k.T / 2 ** 0.5, -1) @ v)
+        True
+    """
+    check_qkv(query, key, value)
+    for name, t in (("E", E), ("F", F)):
+        check_tensor(name, t, floating=True, min_dim=2)
+        if t.dtype != query.dtype:
+            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
+    n = key.shape[-2]
+    for name, t in (("E", E), ("F", F)):
+        if t.shape[-1] != n:
+            raise ValueError(
+                f"{name} must have shape (k, n) with n = {n} key positions, got {tuple(t.shape)}"
+            )
+    if E.shape[-2] != F.shape[-2]:
+        raise ValueError(
+            f"E and F must project to the same k, got {E.shape[-2]} and {F.shape[-2]}"
+        )
+    _check_scale(scale)
+    key_k = E @ key  # (..., k, d)
+    value_k = F @ value  # (..., k, e)
+    return scaled_dot_product_attention(query, key_k, value_k, scale=scale)  # (..., i, e)

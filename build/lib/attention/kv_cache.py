@@ -1,0 +1,180 @@
+"""The key/value cache for incremental decoding (taught in chapter 06).
+
+Shape legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``i`` query
+positions, ``j`` key positions, ``d`` head size.
+
+An autoregressive decoder produces one token at a time. The keys and values of the
+tokens already seen never change, so instead of projecting the whole prefix again at
+every step we keep them in a preallocated buffer of shape ``(b, h_kv, max_len, d)`` and
+append only the new positions. A new query must see *every* cached key plus the new keys
+up to itself: the causal mask is aligned bottom-right (:func:`attention.decoding_mask`),
+not top-left as ``is_causal=True`` means for a square mask.
+
+The cache costs ``2 * h_kv * d * bytes_per_element`` bytes per token per layer (one key
+and one value vector per key/value head), which is what multi-query and grouped-query
+attention shrink (:func:`kv_cache_bytes_per_token`).
+
+The buffers are written in place, so the cache is for inference: use it under
+``torch.inference_mode()`` or ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_int, check_tensor
+
+__all__ = ["KVCache", "kv_cache_bytes_per_token"]
+
+
+class KVCache:
+    """Preallocated keys and values of the positions decoded so far.
+
+    Args:
+        batch_size: ``b``, fixed for the cache's lifetime.
+        max_len: capacity in positions.
+        num_kv_heads: ``h_kv``.
+        head_dim: ``d`` (keys and values share it in :class:`attention.MultiHeadAttention`).
+        dtype: element type of the buffers (default ``torch.get_default_dtype()``).
+        device: where the buffers live.
+
+    Attributes:
+        keys, values: the ``(b, h_kv, max_len, d)`` buffers; only ``[:, :, :length]`` is valid.
+        length: number of positions stored.
+
+    Example:
+        >>> cache = KVCache(1, 4, num_kv_heads=2, head_dim=3)
+        >>> k, v = cache.update(torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 3))
+        >>> k.shape, cache.length, cache.remaining
+        (torch.Size([1, 2, 3, 3]), 3, 1)
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device=None,
+    ) -> None:
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.max_len = check_int("max_len", max_len, minimum=1)
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
+        self.head_dim = check_int("head_dim", head_dim, minimum=1)
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+        shape = (self.batch_size, self.num_kv_heads, self.max_len, self.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d)
+        self.length = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    @property
+    def remaining(self) -> int:
+        """Positions that still fit."""
+        return self.max_len - self.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the two buffers (allocated up front, whatever ``length`` is)."""
+        return self.keys.nbytes + self.values.nbytes
+
+    def reset(self) -> None:
+        """Forget every stored position (the buffers are kept and overwritten later)."""
+        self.length = 0
+
+    def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``n`` new positions and return the keys and values of all positions so far.
+
+        Args:
+            key: ``(b, h_kv, n, d)`` keys of the new positions (already projected, split
+                into heads).
+            value: ``(b, h_kv, n, d)`` their values.
+
+        Returns:
+            ``(keys, values)``, each ``(b, h_kv, length, d)`` with ``length`` counting the
+            new positions: views into the buffers, valid until the next update.
+        """
+        for name, t in (("key", key), ("value", value)):
+            check_tensor(name, t, floating=True)
+            if t.dim() != 4:
+                raise ValueError(f"{name} must have shape (b, h_kv, n, d), got {tuple(t.shape)}")
+        if key.shape != value.shape:
+            raise ValueError(
+                f"key and value must have the same shape, got {tuple(key.shape)} and "
+                f"{tuple(value.shape)}"
+            )
+        b, h_kv, n, d = key.shape
+        if b != self.batch_size:
+            raise ValueError(
+                f"the cache was built for batch size {self.batch_size}, got a batch of {b}; "
+                "start a new cache (or reset() it) for a different batch"
+            )
+        if h_kv != self.num_kv_heads or d != self.head_dim:
+            raise ValueError(
+                f"the cache holds {self.num_kv_heads} key/value heads of size {self.head_dim}, "
+                f"got {h_kv} heads of size {d}"
+            )
+        if n > self.remaining:
+            raise ValueError(
+                f"the cache holds at most max_len={self.max_len} positions: {self.length} are "
+                f"stored and {n} more do not fit"
+            )
+        if key.dtype != self.dtype or value.dtype != self.dtype:
+            raise TypeError(
+                f"the cache stores {self.dtype}, got key {key.dtype} and value {value.dtype}"
+            )
+        start, stop = self.length, self.length + n
+        self.keys[:, :, start:stop] = key
+        self.values[:, :, start:stop] = value
+        self.length = stop
+        return self.keys[:, :, :stop], self.values[:, :, :stop]  # (b, h_kv, length, d)
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCache(batch_size={self.batch_size}, length={self.length}/{self.max_len}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype})"
+        )
+
+
+def kv_cache_bytes_per_token(
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    dtype: torch.dtype = torch.float16,
+    num_layers: int = 1,
+) -> int:
+    r"""Bytes the KV cache needs per token: :math:`2 \cdot h_{kv} \cdot d \cdot \text{bytes} \cdot L`.
+
+    One key and one value vector of size ``head_dim`` per key/value head, per layer.
+    With the default ``num_layers=1`` this is the cost per token per layer.
+
+    Args:
+        num_kv_heads: ``h_kv`` (= ``h`` for multi-head, 1 for multi-query attention).
+        head_dim: ``d``.
+        dtype: element type of the cache.
+        num_layers: multiply by the number of layers.
+
+    Example:
+        >>> kv_cache_bytes_per_token(32, 128)  # 32 heads of 128, fp16: 16 KiB
+        16384
+        >>> kv_cache_bytes_per_token(8, 128, num_layers=32)  # GQA, whole model
+        131072
+    """
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
+    head_dim = check_int("head_dim", head_dim, minimum=1)
+    num_layers = check_int("num_layers", num_layers, minimum=1)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    return 2 * num_kv_heads * head_dim * dtype.itemsize * num_layers

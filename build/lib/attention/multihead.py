@@ -1,0 +1,414 @@
+"""Multi-head, grouped-query and multi-query attention (taught in chapter 06).
+
+Shape legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``i`` query
+positions, ``j`` key positions, ``d`` head size (``head_dim = embed_dim // h``).
+
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
+``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
+``nn.MultiheadAttention`` uses the opposite polarity (True = blocked): pass it ``~mask``.
+
+The production formulation (Vaswani et al., 2017): one projection per role,
+``split_heads`` by reshape + transpose to ``(b, h, L, d)``, attention in every head at once,
+``merge_heads`` (the concatenation) and an output projection. With ``num_kv_heads < h``
+the keys and values have fewer heads, each shared by a group of ``h / h_kv`` query heads:
+grouped-query attention (GQA; Ainslie et al., 2023), or multi-query attention (MQA;
+Shazeer, 2019) for ``h_kv = 1``. The KV cache for incremental decoding is in
+:mod:`attention.kv_cache`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_int, check_mask, check_tensor
+from .kv_cache import KVCache
+from .masks import decoding_mask
+from .scaled_dot_product import attention_weights
+
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv"]
+
+
+def split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Split the feature axis into heads: ``(b, L, h*d) -> (b, h, L, d)``.
+
+    A reshape to ``(b, L, h, d)`` (head ``n`` owns features ``n*d ... n*d + d - 1``) and a
+    transpose that brings the heads next to the batch, so one batched matrix product
+    serves every head.
+
+    Example:
+        >>> split_heads(torch.arange(6.0).reshape(1, 1, 6), 2).tolist()
+        [[[[0.0, 1.0, 2.0]], [[3.0, 4.0, 5.0]]]]
+    """
+    check_tensor("x", x)
+    num_heads = check_int("num_heads", num_heads, minimum=1)
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (b, L, h*d), got {tuple(x.shape)}")
+    b, length, features = x.shape
+    if features % num_heads:
+        raise ValueError(
+            f"the feature size must be divisible by num_heads, got {features} and {num_heads}"
+        )
+    return x.reshape(b, length, num_heads, features // num_heads).transpose(1, 2)  # (b, h, L, d)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """Concatenate the heads again: ``(b, h, L, d) -> (b, L, h*d)``, the inverse of :func:`split_heads`.
+
+    Example:
+        >>> x = torch.randn(2, 5, 12)
+        >>> torch.equal(merge_heads(split_heads(x, 3)), x)
+        True
+    """
+    check_tensor("x", x)
+    if x.dim() != 4:
+        raise ValueError(f"x must have shape (b, h, L, d), got {tuple(x.shape)}")
+    b, h, length, d = x.shape
+    return x.transpose(1, 2).reshape(b, length, h * d)  # (b, L, h*d)
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Repeat each key/value head for its group of query heads: ``(b, h_kv, L, d) -> (b, h_kv*n_rep, L, d)``.
+
+    Head ``g`` is repeated ``n_rep`` times in a row, as ``x.repeat_interleave(n_rep, dim=1)``
+    does, so query heads ``g*n_rep ... g*n_rep + n_rep - 1`` share key/value head ``g``.
+    Implemented as an ``expand`` (no copy) followed by one reshape.
+
+    Example:
+        >>> repeat_kv(torch.tensor([0.0, 1.0]).reshape(1, 2, 1, 1), 2).flatten().tolist()
+        [0.0, 0.0, 1.0, 1.0]
+    """
+    check_tensor("x", x)
+    n_rep = check_int("n_rep", n_rep, minimum=1)
+    if x.dim() != 4:
+        raise ValueError(f"x must have shape (b, h_kv, L, d), got {tuple(x.shape)}")
+    if n_rep == 1:
+        return x
+    b, h_kv, length, d = x.shape
+    x = x[:, :, None].expand(b, h_kv, n_rep, length, d)  # (b, h_kv, n_rep, L, d)
+    return x.reshape(b, h_kv * n_rep, length, d)  # (b, h, L, d)
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head attention with optional grouped/multi-query heads and a KV cache.
+
+    .. math::
+        \operatorname{MHA}(Q, K, V) = \operatorname{concat}(\text{head}_1, \dots,
+        \text{head}_h)\, W^O, \quad
+        \text{head}_n = \operatorname{softmax}\!\Big(\frac{Q W^Q_n (K W^K_{g(n)})^\top}
+        {\sqrt{d}} + M\Big) V W^V_{g(n)}
+
+    with ``g(n) = n // (h / h_kv)`` the key/value head that query head ``n`` reads.
+
+    Args:
+        embed_dim: model size of the queries and of the output; ``h * d``.
+        num_heads: ``h``, query heads.
+        kdim: feature size of ``key`` (default ``embed_dim``).
+        vdim: feature size of ``value`` (default ``embed_dim``).
+        bias: give the four projections a bias.
+        dropout: probability of zeroing an attention weight, applied in training mode only.
+        num_kv_heads: ``h_kv``, key/value heads (default ``h``: plain multi-head attention;
+            ``1``: multi-query attention; in between: grouped-query attention). Must divide
+            ``num_heads``.
+        batch_first: accepted for symmetry with ``nn.MultiheadAttention``; inputs are
+            always ``(b, L, features)``, so only ``True`` is allowed.
+        device, dtype: where and in which dtype to create the parameters.
+
+    Submodules (``nn.Linear``): ``w_query`` (embed_dim -> embed_dim), ``w_key``
+    (kdim -> h_kv*d), ``w_value`` (vdim -> h_kv*d), ``w_out`` (embed_dim -> embed_dim).
+
+    Example:
+        >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2)
+        >>> x = torch.randn(2, 5, 16)
+        >>> out, w = mha(x, x, x, need_weights=True)
+        >>> out.shape, w.shape
+        (torch.Size([2, 5, 16]), torch.Size([2, 4, 5, 5]))
+
+    Incremental decoding with a KV cache: prefill with the prompt, then one token per call;
+    the outputs equal those of the full causal call ``mha(x, x, x, is_causal=True)``.
+
+        >>> cache = mha.new_cache(batch_size=2, max_len=5)
+        >>> with torch.inference_mode():
+        ...     first, _ = mha(x[:, :3], x[:, :3], x[:, :3], is_causal=True, cache=cache)
+        ...     step, _ = mha(x[:, 3:4], x[:, 3:4], x[:, 3:4], is_causal=True, cache=cache)
+        >>> step.shape, cache.length
+        (torch.Size([2, 1, 16]), 4)
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        num_kv_heads: int | None = None,
+        batch_first: bool = True,
+        device=None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        embed_dim = check_int("embed_dim", embed_dim, minimum=1)
+        num_heads = check_int("num_heads", num_heads, minimum=1)
+        kdim = embed_dim if kdim is None else check_int("kdim", kdim, minimum=1)
+        vdim = embed_dim if vdim is None else check_int("vdim", vdim, minimum=1)
+        num_kv_heads = (
+            num_heads
+            if num_kv_heads is None
+            else check_int("num_kv_heads", num_kv_heads, minimum=1)
+        )
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}"
+            )
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                "num_heads must be divisible by num_kv_heads (each key/value head serves a "
+                f"group of query heads), got {num_heads} and {num_kv_heads}"
+            )
+        if batch_first is not True:
+            raise ValueError(
+                "MultiHeadAttention takes batch-first inputs (b, L, features) only, got "
+                f"batch_first={batch_first!r}; transpose sequence-first inputs with .transpose(0, 1)"
+            )
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+            raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+
+        self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = float(dropout)
+        kv_dim = num_kv_heads * self.head_dim
+        factory = {"device": device, "dtype": dtype}
+        self.w_query = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.w_key = nn.Linear(kdim, kv_dim, bias=bias, **factory)
+        self.w_value = nn.Linear(vdim, kv_dim, bias=bias, **factory)
+        self.w_out = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head, ``h / h_kv``."""
+        return self.num_heads // self.num_kv_heads
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
+        )
+
+    def new_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+    ) -> KVCache:
+        """An empty :class:`attention.KVCache` shaped for this module (``h_kv`` heads of size ``d``).
+
+        dtype and device default to those of the module's parameters.
+        """
+        weight = self.w_key.weight
+        return KVCache(
+            batch_size,
+            max_len,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=weight.dtype if dtype is None else dtype,
+            device=weight.device if device is None else device,
+        )
+
+    def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache):
+        for name, t, size, size_name in (
+            ("query", query, self.embed_dim, "embed_dim"),
+            ("key", key, self.kdim, "kdim"),
+            ("value", value, self.vdim, "vdim"),
+        ):
+            check_tensor(name, t, floating=True)
+            if t.dim() != 3:
+                raise ValueError(
+                    f"{name} must be batch-first with shape (b, L, {size_name}), "
+                    f"got {tuple(t.shape)}"
+                )
+            if t.shape[-1] != size:
+                raise ValueError(
+                    f"{name}'s last dimension must equal {size_name}={size}, got {t.shape[-1]}"
+                )
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(
+                "query, key and value must have the same batch size, got "
+                f"{query.shape[0]}, {key.shape[0]} and {value.shape[0]}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                "key and value must have the same number of positions j, "
+                f"got {key.shape[1]} and {value.shape[1]}"
+            )
+        for name, flag in (("is_causal", is_causal), ("need_weights", need_weights)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if is_causal and attn_mask is not None:
+            raise ValueError(
+                "pass either attn_mask or is_causal=True, not both (fold the causal "
+                "pattern into the mask with combine_masks)"
+            )
+        j = key.shape[1]
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            if cache.num_kv_heads != self.num_kv_heads or cache.head_dim != self.head_dim:
+                raise ValueError(
+                    f"the cache holds {cache.num_kv_heads} key/value heads of size "
+                    f"{cache.head_dim}, the module needs {self.num_kv_heads} of size "
+                    f"{self.head_dim}"
+                )
+            if query.shape[0] != cache.batch_size:
+                raise ValueError(
+                    f"the cache was built for batch size {cache.batch_size}, got a batch of "
+                    f"{query.shape[0]}; start a new cache (or reset() it) for a different batch"
+                )
+            if j > cache.remaining:
+                raise ValueError(
+                    f"the cache holds at most max_len={cache.max_len} positions: "
+                    f"{cache.length} are stored and {j} more do not fit"
+                )
+            if is_causal and query.shape[1] != j:
+                raise ValueError(
+                    "with a cache and is_causal=True the new queries must be the new "
+                    f"positions, got {query.shape[1]} queries and {j} new keys"
+                )
+            j = cache.length + j
+        if attn_mask is not None:
+            check_mask(attn_mask, query.dtype, (query.shape[0], self.num_heads, query.shape[1], j))
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        *,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` in every head.
+
+        Args:
+            query: ``(b, i, embed_dim)``.
+            key: ``(b, j, kdim)``.
+            value: ``(b, j, vdim)``.
+            attn_mask: boolean (**True = may attend**) or float (added to the scores),
+                broadcastable to ``(b, h, i, j)`` (with a cache, ``j`` counts the cached
+                positions too). Not together with ``is_causal``.
+            is_causal: causal masking. Without a cache it is PyTorch's top-left mask
+                (query ``q`` sees keys ``k <= q``). With a cache the ``i`` queries are the
+                newest positions and see every cached key plus the new keys up to
+                themselves (bottom-right alignment, :func:`attention.decoding_mask`).
+            need_weights: also return the per-head weights. ``False`` runs the fused
+                ``torch.nn.functional.scaled_dot_product_attention``; ``True`` the
+                package's materialising :func:`attention.attention_weights` (same result).
+            cache: a :class:`attention.KVCache` (see :meth:`new_cache`). The new keys and
+                values are projected, appended to it, and the queries attend to all of
+                its positions. Prefill with the prompt, then call with one token at a time.
+
+        Returns:
+            ``(output, weights)``: output ``(b, i, embed_dim)``; weights ``(b, h, i, j)``
+            before dropout (rows sum to 1) if ``need_weights`` else ``None``.
+            ``weights.mean(1)`` is what ``nn.MultiheadAttention`` returns by default.
+        """
+        self._validate(query, key, value, attn_mask, is_causal, need_weights, cache)
+        q = split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
+        k = split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
+        v = split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
+        if cache is not None:
+            num_cached = cache.length
+            k, v = cache.update(k, v)  # (b, h_kv, num_cached + j, d)
+            if is_causal:
+                is_causal = False
+                if num_cached == 0:  # an empty cache: the ordinary top-left triangle
+                    is_causal = True
+                elif q.shape[2] > 1:  # bottom-right: the new queries see the whole cache
+                    attn_mask = decoding_mask(q.shape[2], num_cached, device=q.device)
+                # one new query after a non-empty cache sees everything: no mask at all
+        dropout_p = self.dropout if self.training else 0.0
+
+        if need_weights:
+            k = repeat_kv(k, self.num_groups)  # (b, h, j, d)
+            v = repeat_kv(v, self.num_groups)  # (b, h, j, d)
+            weights = attention_weights(q, k, attn_mask, is_causal)  # (b, h, i, j)
+            dropped = torch.dropout(weights, dropout_p, train=True) if dropout_p else weights
+            context = dropped @ v  # (b, h, i, d)
+        else:
+            weights = None
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                enable_gqa=self.num_groups > 1,
+            )  # (b, h, i, d)
+        return self.w_out(merge_heads(context)), weights  # (b, i, embed_dim)
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A copy of an ``nn.MultiheadAttention``'s weights in this module.
+
+        Handles the packed ``in_proj_weight`` (``kdim = vdim = embed_dim``) and the separate
+        ``q/k/v_proj_weight``, with or without bias. The result takes batch-first inputs
+        whatever ``module.batch_first`` says, and boolean masks with True = may attend
+        (invert the masks given to the torch module). In evaluation mode
+        ``out, w = copy(q, k, v, need_weights=True)`` matches ``module``'s output and
+        ``w.mean(1)`` its head-averaged weights.
+
+        Raises:
+            ValueError: for ``add_bias_kv=True`` or ``add_zero_attn=True``, which this
+                module does not implement.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be an nn.MultiheadAttention, got {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError(
+                "add_bias_kv and add_zero_attn are not supported: the module must be built "
+                "with add_bias_kv=False, add_zero_attn=False"
+            )
+        e = module.embed_dim
+        bias = module.in_proj_bias is not None
+        if module._qkv_same_embed_dim:
+            w_q, w_k, w_v = module.in_proj_weight.detach().chunk(3, dim=0)  # (E, E) each
+        else:
+            w_q, w_k, w_v = (
+                module.q_proj_weight.detach(),
+                module.k_proj_weight.detach(),
+                module.v_proj_weight.detach(),
+            )
+        ref = module.out_proj.weight
+        new = cls(
+            e,
+            module.num_heads,
+            kdim=module.kdim,
+            vdim=module.vdim,
+            bias=bias,
+            dropout=module.dropout,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
+        with torch.no_grad():
+            new.w_query.weight.copy_(w_q)
+            new.w_key.weight.copy_(w_k)
+            new.w_value.weight.copy_(w_v)
+            new.w_out.weight.copy_(module.out_proj.weight)
+            if bias:
+                b_q, b_k, b_v = module.in_proj_bias.detach().chunk(3)
+                new.w_query.bias.copy_(b_q)
+                new.w_key.bias.copy_(b_k)
+                new.w_value.bias.copy_(b_v)
+                new.w_out.bias.copy_(module.out_proj.bias)
+        new.train(module.training)
+        return new

@@ -1,0 +1,93 @@
+"""Give every chapter the same first cell: install the course package where it is missing.
+
+On Colab (or any Jupyter without the course's environment) `attention` is not importable,
+so the chapter's first code cell installs it from the repository; in the course's own
+environment the cell does nothing and prints nothing. The cell is collapsed in the HTML
+book. `ATTENTION_COURSE_SOURCE` overrides where pip installs from (a local checkout, for
+tests/test_colab.py).
+
+    .venv/bin/python scripts/colab_cell.py          # insert or update, in place
+    .venv/bin/python scripts/colab_cell.py --check  # exit 1 if a chapter lacks it
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY = "https://github.com/attention-course/attention-course"
+
+SOURCE = f'''# Running this chapter outside the course's environment (Colab, a bare Jupyter)?
+# Then install the course package first; in the course's environment this does nothing.
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("attention") is None:
+    source = os.environ.get(
+        "ATTENTION_COURSE_SOURCE", "attention-course[pretrained] @ git+{REPOSITORY}"
+    )
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", source], check=True)
+    importlib.invalidate_caches()'''
+
+METADATA = {
+    "tags": ["hide-cell"],
+    "mystnb": {
+        "code_prompt_show": "Show the set-up cell (installs the package on Colab)",
+        "code_prompt_hide": "Hide the set-up cell",
+    },
+}
+
+
+def is_install_cell(cell: dict) -> bool:
+    return cell["cell_type"] == "code" and "ATTENTION_COURSE_SOURCE" in "".join(cell["source"])
+
+
+def install_cell() -> dict:
+    return {
+        "cell_type": "code",
+        "execution_count": None,
+        "metadata": json.loads(json.dumps(METADATA)),
+        "outputs": [],
+        "source": SOURCE.splitlines(keepends=True),
+    }
+
+
+def first_code_index(cells: list[dict]) -> int:
+    return next(n for n, c in enumerate(cells) if c["cell_type"] == "code")
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    missing = []
+    for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        nb = json.loads(path.read_text())
+        cells = nb["cells"]
+        n = first_code_index(cells)
+        ok = is_install_cell(cells[n]) and "".join(cells[n]["source"]) == SOURCE \
+            and cells[n]["metadata"] == METADATA
+        if ok:
+            continue
+        missing.append(path.name)
+        if check:
+            continue
+        if is_install_cell(cells[n]):
+            count = cells[n].get("execution_count")
+            cells[n] = install_cell()
+            cells[n]["execution_count"] = count
+        else:
+            cells.insert(n, install_cell())
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        print(f"updated {path.name} (re-execute it)")
+    if check and missing:
+        print("no install cell first in: " + ", ".join(missing))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
