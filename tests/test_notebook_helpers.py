@@ -81,3 +81,11 @@ def test_setup_notebook_refuses_bad_input_before_changing_state(kwargs, exc, mat
     with pytest.raises(exc, match=match):
         setup_notebook(**kwargs)
     assert torch.get_num_threads() == before
+
+
+def test_python_floats_are_compared_in_float64():
+    import math as _m
+
+    report_close("exp", _m.exp(2.0), 7.38905609893065, atol=1e-13)  # float32 would miss by 2e-7
+    with pytest.raises(AssertionError):
+        report_close("exp", _m.exp(2.0), 7.389056, atol=1e-9)

@@ -79,7 +79,7 @@ def test_ends_with_exercises_whose_solutions_are_checked(path):
                  if c["cell_type"] == "code" and "hide-cell" in c.get("metadata", {}).get("tags", [])]
     assert len(solutions) >= 2, f"{path.name}: fewer than 2 solution cells tagged hide-cell"
     for c in solutions:
-        assert re.search(r"\bassert\b|assert_close", "".join(c["source"])), (
+        assert re.search(r"\bassert\b|assert_close|report_close", "".join(c["source"])), (
             f"{path.name}: a solution cell checks nothing"
         )
 

@@ -97,8 +97,12 @@ def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0)
             raise TypeError(f"{label} must be a number, got {type(tol).__name__}")
         if not math.isfinite(tol) or tol < 0:
             raise ValueError(f"{label} must be finite and >= 0, got {tol}")
-    a = torch.as_tensor(actual).detach().to("cpu")
-    e = torch.as_tensor(expected).detach().to("cpu")
+    # Python numbers and NumPy arrays are taken at float64, so nothing is lost before
+    # the comparison (torch.as_tensor would make a Python float float32).
+    a = actual.detach().to("cpu") if isinstance(actual, torch.Tensor) else torch.as_tensor(
+        np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64))
+    e = expected.detach().to("cpu") if isinstance(expected, torch.Tensor) else torch.as_tensor(
+        np.asarray(expected, dtype=np.complex128 if np.iscomplexobj(expected) else np.float64))
     if a.is_complex() or e.is_complex():
         a, e = torch.view_as_real(a.to(torch.complex128)), torch.view_as_real(e.to(torch.complex128))
     a, e = a.to(torch.float64), e.to(torch.float64)
