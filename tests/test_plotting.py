@@ -212,3 +212,14 @@ def test_stored_figures_fit_the_column_and_are_sharp(path):
     for n, width_px, css in stored_pngs(path):
         assert css <= COLUMN_CSS_PX, f"{path.name} cell {n}: {css} CSS px wide, the column is {COLUMN_CSS_PX}"
         assert width_px / css >= 1.5, f"{path.name} cell {n}: {width_px / css:.2f} device px per CSS px"
+
+
+def test_a_full_width_figure_stays_within_the_column_once_cropped():
+    """Inline figures are cropped to their content plus savefig.pad_inches, which must not
+    push a 7.5 in figure past the column."""
+    from IPython.core.pylabtools import print_figure
+
+    for fig in (plot_heads(torch.rand(6, 7, 7)), plot_grid([causal_mask(8)] * 3, mask=True),
+                plt.subplots(1, 2, figsize=(MAX_FIGURE_WIDTH, 3), constrained_layout=True)[0]):
+        png = print_figure(fig, "png", bbox_inches="tight", base64=False)
+        assert struct.unpack(">I", png[16:20])[0] <= COLUMN_CSS_PX
