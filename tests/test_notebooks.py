@@ -138,7 +138,7 @@ def test_the_pattern_catches_what_it_should():
 
 
 # --- Figures sized for the column and sharp on high-density screens -----------------------
-COLUMN_CSS_PX = 760  # the book's content column is about 750 CSS px wide
+COLUMN_CSS_PX = 750  # the book's content column
 MIN_DENSITY = 1.5  # device pixels per CSS pixel
 
 

@@ -1,7 +1,5 @@
 """Tests for attention/plotting.py and attention/notebook.py."""
 
-import base64
-import json
 import struct
 from pathlib import Path
 
@@ -26,7 +24,6 @@ from attention import (
 from attention.plotting import MAX_FIGURE_WIDTH, MAX_TICKS
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 COLUMN_CSS_PX = 750  # the book's content column
 
 
@@ -193,25 +190,6 @@ def test_use_course_style_sets_the_shared_style():
     plt.rcParams["figure.dpi"] = 200
     use_course_style()
     assert plt.rcParams["figure.dpi"] == 100
-
-
-def stored_pngs(path):
-    nb = json.loads(path.read_text())
-    for n, cell in enumerate(nb["cells"]):
-        for out in cell.get("outputs", []):
-            if "image/png" in out.get("data", {}):
-                png = base64.b64decode(out["data"]["image/png"])
-                width_px = struct.unpack(">I", png[16:20])[0]  # the IHDR chunk's width
-                css = out.get("metadata", {}).get("image/png", {}).get("width", width_px)
-                yield n, width_px, css
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
-def test_stored_figures_fit_the_column_and_are_sharp(path):
-    """A stored figure is at most the column's width and has >= 1.5 device px per CSS px."""
-    for n, width_px, css in stored_pngs(path):
-        assert css <= COLUMN_CSS_PX, f"{path.name} cell {n}: {css} CSS px wide, the column is {COLUMN_CSS_PX}"
-        assert width_px / css >= 1.5, f"{path.name} cell {n}: {width_px / css:.2f} device px per CSS px"
 
 
 def test_a_full_width_figure_stays_within_the_column_once_cropped():
