@@ -5,13 +5,16 @@ Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, 2 threads:
 * ``naive``: ``attention.scaled_dot_product_attention``, which builds the ``(h, N, N)``
   scores and weights;
 * ``tiled``: ``attention.tiled_attention(..., block_size=128)``, the online-softmax
-  recurrence over key blocks, which only ever holds ``(h, N, 128)`` tiles.
+  recurrence over key blocks, which only ever holds ``(h, N, 128)`` tiles;
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, PyTorch's fused C++
+  kernel for the same exact attention (tiled over queries and keys, never storing the
+  ``(h, N, N)`` matrix): what a compiled kernel gains over the Python-level loop.
 
 Peak memory is measured in a fresh subprocess per call (``_common.peak_memory_mib``);
 times are medians of round-robin runs after warm-up. Prints the memory and time ratios
 and saves ``src/attention/benchmark_results/tiled.json``.
 
-Run: ``.venv/bin/python benchmarks/tiled.py`` (about two minutes).
+Run: ``.venv/bin/python benchmarks/tiled.py`` (a few minutes).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
@@ -63,28 +67,37 @@ def make_naive(n: int):
     return _prepared(scaled_dot_product_attention, n)
 
 
+def make_sdpa(n: int):
+    """Zero-argument callable: PyTorch's fused scaled_dot_product_attention of length n."""
+    return _prepared(F.scaled_dot_product_attention, n)
+
+
 def main() -> None:
     torch.set_num_threads(THREADS)
     load_before = os.getloadavg()[0]
-    times = {"tiled": [], "naive": []}
+    times = {"tiled": [], "naive": [], "sdpa": []}
     # Memory first: a probe's peak RSS includes this parent's peak at the time it is
     # spawned (exec carries it over), so measure before any large tensor exists here.
     peak = {name: [peak_memory_mib(f"tiled:make_{name}", n=n) for n in SIZES] for name in times}
-    print(f"{'N':>6} {'tiled MiB':>10} {'naive MiB':>10} {'mem ratio':>10} {'tiled ms':>9} {'naive ms':>9}")
+    print(f"{'N':>6} {'tiled MiB':>10} {'naive MiB':>10} {'sdpa MiB':>9} {'mem ratio':>10} "
+          f"{'tiled ms':>9} {'naive ms':>9} {'sdpa ms':>8}")
     for k, n in enumerate(SIZES):
         repeat = 5 if n <= 2048 else 3
-        t = interleaved_times({"tiled": make_tiled(n), "naive": make_naive(n)}, warmup=1, repeat=repeat)
+        t = interleaved_times(
+            {"tiled": make_tiled(n), "naive": make_naive(n), "sdpa": make_sdpa(n)}, warmup=1, repeat=repeat
+        )
         for name in times:
             times[name].append(t[name])
         print(
-            f"{n:>6} {peak['tiled'][k]:>10.1f} {peak['naive'][k]:>10.1f} "
+            f"{n:>6} {peak['tiled'][k]:>10.1f} {peak['naive'][k]:>10.1f} {peak['sdpa'][k]:>9.1f} "
             f"{peak['naive'][k] / max(peak['tiled'][k], 1e-3):>9.1f}x "
-            f"{1e3 * t['tiled']:>9.1f} {1e3 * t['naive']:>9.1f}"
+            f"{1e3 * t['tiled']:>9.1f} {1e3 * t['naive']:>9.1f} {1e3 * t['sdpa']:>8.1f}"
         )
     i = SIZES.index(8192)
     mem_ratio = peak["tiled"][i] / peak["naive"][i]
     print(f"N = 8192: tiled peak memory is {mem_ratio:.3f} of the naive form's (1/{1 / mem_ratio:.0f})")
     print(f"N = 8192: tiled time / naive time = {times['tiled'][i] / times['naive'][i]:.2f}")
+    print(f"N = 8192: tiled time / fused sdpa time = {times['tiled'][i] / times['sdpa'][i]:.2f}")
     path = save_results(
         "tiled",
         {
