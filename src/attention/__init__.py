@@ -52,7 +52,7 @@ from .masks import (  # chapter 04, 11
 )
 from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
 from .notebook import load_benchmark, report_close, setup_notebook
-from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
+from .plotting import plot_attention, plot_grid, plot_heads, plot_mask, use_course_style
 from .pretrained import (  # chapter 15
     AttentionTrace,
     attention_share,
@@ -130,6 +130,7 @@ __all__ = [
     "report_close",
     "load_benchmark",
     "plot_attention",
+    "plot_grid",
     "plot_heads",
     "plot_mask",
     "use_course_style",
