@@ -11,9 +11,9 @@ from attention import (
     KVCache,
     MultiHeadAttention,
     causal_mask,
-    kv_cache_bytes_per_token,
     padding_mask,
 )
+from attention.kv_cache import kv_cache_bytes_per_token
 
 DT = torch.float64
 
@@ -181,7 +181,7 @@ def test_rejects_cache_of_the_wrong_shape():
     m = _module(2)
     cache = KVCache(1, 4, num_kv_heads=6, head_dim=4, dtype=DT)
     x = torch.randn(1, 1, 24, dtype=DT)
-    with pytest.raises(ValueError, match="holds 6 key/value heads of size 4, the module needs 2"):
+    with pytest.raises(ValueError, match="holds 6 key/value heads of size 4, got 2 heads of size 4"):
         m(x, x, x, cache=cache)
 
 
@@ -195,7 +195,7 @@ def test_rejects_wrong_heads_in_update():
 
 def test_rejects_wrong_dtype_in_update():
     cache = KVCache(1, 4, num_kv_heads=1, head_dim=3, dtype=torch.float32)
-    with pytest.raises(TypeError, match="stores torch.float32, got key torch.float64"):
+    with pytest.raises(TypeError, match="stores torch.float32, got keys and values of torch.float64"):
         cache.update(torch.zeros(1, 1, 1, 3, dtype=DT), torch.zeros(1, 1, 1, 3, dtype=DT))
 
 
@@ -247,7 +247,7 @@ def test_rejects_mask_sized_without_the_cached_positions():
     [
         ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
         ({"max_len": 2.5}, TypeError, "max_len must be an int, got float"),
-        ({"dtype": torch.int64}, TypeError, "dtype must be a floating-point torch.dtype"),
+        ({"dtype": torch.int64}, TypeError, "dtype must be a floating-point dtype, got torch.int64"),
     ],
 )
 def test_rejects_bad_constructor_arguments(kwargs, error, message):

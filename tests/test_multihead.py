@@ -16,7 +16,6 @@ from attention import (
     causal_mask,
     merge_heads,
     padding_mask,
-    repeat_kv,
     scaled_dot_product_attention,
     split_heads,
 )
@@ -63,12 +62,6 @@ def test_split_heads_gives_each_head_its_slice_of_features():
         assert torch.equal(heads[:, n], x[..., 4 * n : 4 * n + 4])
 
 
-@pytest.mark.parametrize("n_rep", [1, 2, 4])
-def test_repeat_kv_matches_repeat_interleave(n_rep):
-    x = torch.randn(2, 3, 5, 4, dtype=DT)
-    assert torch.equal(repeat_kv(x, n_rep), x.repeat_interleave(n_rep, dim=1))
-
-
 def test_split_heads_rejects_indivisible_features():
     with pytest.raises(ValueError, match="divisible by num_heads, got 10 and 3"):
         split_heads(torch.randn(1, 2, 10), 3)
@@ -77,11 +70,6 @@ def test_split_heads_rejects_indivisible_features():
 def test_merge_heads_rejects_wrong_rank():
     with pytest.raises(ValueError, match=r"shape \(b, h, L, d\)"):
         merge_heads(torch.randn(2, 3, 4))
-
-
-def test_repeat_kv_rejects_wrong_rank():
-    with pytest.raises(ValueError, match=r"shape \(b, h_kv, L, d\)"):
-        repeat_kv(torch.randn(2, 3, 4), 2)
 
 
 # ---------------------------------------------------------------- structure

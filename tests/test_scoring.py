@@ -7,11 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import (
+from attention import AdditiveAttention, AdditiveScore, GeneralScore
+from attention.scoring import (
     ACTIVATIONS,
-    AdditiveAttention,
-    AdditiveScore,
-    GeneralScore,
     additive_scores,
     cosine_scores,
     dot_scores,
@@ -154,7 +152,7 @@ def test_gradcheck_additive_attention():
     names = [n for n, _ in attn.named_parameters()]
 
     def f(q, k, v, *ps):
-        return torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v, mask))
+        return torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v), {"attn_mask": mask})
 
     ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
     assert torch.autograd.gradcheck(f, (q, k, v, *ps))
@@ -265,7 +263,7 @@ def test_parameter_free_scores_reject_different_sizes():
 
 
 def test_functional_additive_rejects_hidden_mismatch():
-    with pytest.raises(ValueError, match=r"w_query and w_key must project to the same hidden size h, got 4 and 5"):
+    with pytest.raises(ValueError, match=r"w_query and w_key must project to the same hidden size a, got 4 and 5"):
         additive_scores(torch.randn(2, 3), torch.randn(2, 3), torch.randn(4, 3), torch.randn(5, 3),
                         torch.randn(4))
 

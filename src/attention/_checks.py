@@ -180,6 +180,23 @@ def check_same_dtype(**tensors: Tensor | None) -> None:
             raise TypeError(f"{first} and {name} must share a dtype, got {t0.dtype} and {t.dtype}")
 
 
+def check_like(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
+    """``x`` has the dtype and device of ``ref`` (e.g. an input and a module's weight).
+
+    A float64 input to a float32 module is a ``TypeError`` that says how to convert; a
+    different device is a ``ValueError`` naming both devices.
+    """
+    if x.dtype != ref.dtype:
+        raise TypeError(
+            f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {x.dtype} "
+            "(convert one of them with .to(dtype))"
+        )
+    if x.device != ref.device:
+        raise ValueError(
+            f"{name} and {ref_name} must be on the same device, got {x.device} and {ref.device}"
+        )
+
+
 def check_qk(query, key, *, same_size: bool = True) -> None:
     """query ``(..., i, d)`` and key ``(..., j, d)``: floating tensors with at least 2 dims,
     one dtype, one device, and (with ``same_size``) a shared last dimension ``d``."""
