@@ -254,3 +254,50 @@ def test_local_alignment_entropy_sanity():
     s = torch.zeros(1, 21, dtype=D64)
     w = local_alignment(s, torch.tensor([10.0], dtype=D64), 10, sigma=0.5)
     assert w.argmax().item() == 10 and math.isclose(w[0, 10].item(), 1 / 21)
+
+
+# ---------------------------------------------------------------- edge and bad input
+
+
+def test_hard_alignment_with_no_keys_gives_minus_one_and_zero_context():
+    idx = hard_alignment(torch.zeros(2, 3, 0, dtype=D64))
+    assert idx.shape == (2, 3) and (idx == -1).all()
+    context, idx = hard_attention(torch.zeros(3, 0, dtype=D64), torch.zeros(0, 4, dtype=D64),
+                                  num_samples=2)
+    assert context.shape == (2, 3, 4) and (context == 0).all()
+
+
+def test_local_alignment_ignores_a_nan_outside_the_window():
+    s = randn(1, 12)
+    s[0, 11] = float("nan")  # far outside the window around 3
+    w = local_alignment(s, torch.tensor([3.0], dtype=D64), 2.0)
+    assert not w.isnan().any()
+    s[0, 3] = float("nan")  # inside the window: the row is NaN, as a softmax over it is
+    assert local_alignment(s, torch.tensor([3.0], dtype=D64), 2.0).isnan().all()
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: hard_alignment(torch.ones(2, 3), generator=0), TypeError,
+         "generator must be a torch.Generator or None, got int"),
+        (lambda: hard_alignment(torch.ones(2, 3), num_samples=0), ValueError,
+         "num_samples must be >= 1, got 0"),
+        (lambda: soft_attention(randn(2, 3), randn(3, 4).to("meta")), ValueError,
+         "value and weights must be on the same device, got meta and cpu"),
+        (lambda: soft_attention(randn(2, 2, 3), randn(3, 3, 4)), ValueError,
+         r"batch dims of weights and value must broadcast"),
+        (lambda: local_alignment(randn(2, 5), torch.zeros(2), 1.0), TypeError,
+         r"centre must have the dtype of scores \(torch.float64\)"),
+        (lambda: local_alignment(randn(2, 5), torch.zeros(2, dtype=D64), 1.0, sigma="1"), TypeError,
+         "sigma must be a float"),
+        (lambda: LocalAlignment(4, 6, 2.0, sigma=-1.0), ValueError, "sigma must be >= 0, got -1.0"),
+        (lambda: local_centre(randn(2, 4), torch.zeros(3, 4), torch.zeros(3), 5), TypeError,
+         r"the dtype of w_p|v_p"),
+        (lambda: multidimensional_attention(randn(1, 2, 3, 4), randn(3, 4).float()),
+         TypeError, "value must have the dtype of weights"),
+    ],
+)
+def test_bad_input_classes(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

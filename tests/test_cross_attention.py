@@ -134,3 +134,18 @@ def test_mask_of_the_wrong_length():
 def test_bad_size():
     with pytest.raises(ValueError, match="d_kv_in must be >= 1, got 0"):
         CrossAttention(4, 0, 4, 4)
+
+
+def test_empty_context_gives_zeros_as_torch():
+    m = CrossAttention(16, 12, 24, 28).to(torch.float64)
+    out, w = m(torch.randn(3, 16, dtype=torch.float64), torch.randn(0, 12, dtype=torch.float64),
+               need_weights=True)
+    assert torch.equal(out, torch.zeros(3, 28, dtype=torch.float64)) and w.shape == (3, 0)
+
+
+def test_need_weights_must_be_a_bool_and_options_keyword_only():
+    m = CrossAttention(16, 12, 24, 28)
+    with pytest.raises(TypeError, match="need_weights must be a bool"):
+        m(torch.randn(3, 16), torch.randn(4, 12), need_weights="no")
+    with pytest.raises(TypeError, match="positional argument"):
+        m(torch.randn(3, 16), torch.randn(4, 12), torch.ones(3, 4, dtype=torch.bool))

@@ -254,3 +254,53 @@ def test_rejects_bad_constructor_arguments(kwargs, error, message):
     args = {"batch_size": 1, "max_len": 4, "num_kv_heads": 1, "head_dim": 2} | kwargs
     with pytest.raises(error, match=message):
         KVCache(**args)
+
+
+# ---------------------------------------------------------------- autograd, batch size, devices
+
+
+def test_a_cache_under_autograd_fails_at_update_not_at_backward():
+    m = _module(2).train()
+    cache = m.new_cache(1, 6)
+    x = torch.randn(1, 3, 24, dtype=DT)
+    with pytest.raises(ValueError, match="autograd cannot differentiate through.*inference_mode"):
+        m(x, x, x, is_causal=True, cache=cache)
+    assert cache.length == 0  # nothing was written
+    k = torch.randn(1, 2, 1, 4, dtype=DT, requires_grad=True)
+    with pytest.raises(ValueError, match="require grad"):
+        cache.update(k, k)
+    with torch.no_grad():
+        cache.update(k, k)  # the same keys without a graph are fine
+    assert cache.length == 1
+
+
+def test_batch_size_message_advises_a_new_cache_not_reset():
+    cache = KVCache(2, 4, num_kv_heads=1, head_dim=2)
+    with pytest.raises(ValueError, match="create a new one for this batch") as err:
+        cache.update(torch.zeros(3, 1, 1, 2), torch.zeros(3, 1, 1, 2))
+    assert "reset" not in str(err.value)
+
+
+def test_rejects_keys_on_another_device():
+    cache = KVCache(1, 4, num_kv_heads=1, head_dim=2)
+    z = torch.zeros(1, 1, 1, 2, device="meta")
+    with pytest.raises(ValueError, match="cache and the new keys must be on the same device, got cpu and meta"):
+        cache.update(z, z)
+    with pytest.raises(TypeError, match="device must be a torch.device"):
+        KVCache(1, 4, num_kv_heads=1, head_dim=2, device=1.5)
+
+
+@pytest.mark.parametrize("cached, new", [(0, 3), (4, 1), (4, 3)])
+def test_causal_pattern_is_the_bottom_right_causal_mask(cached, new):
+    cache = KVCache(1, 8, num_kv_heads=1, head_dim=2)
+    cache.update(torch.zeros(1, 1, cached + new, 2), torch.zeros(1, 1, cached + new, 2))
+    mask, is_causal = cache.causal_pattern(new)
+    expected = causal_mask(new, cached + new, align="bottom-right")
+    if is_causal:
+        assert mask is None and torch.equal(expected, causal_mask(new, cached + new))
+    elif mask is None:
+        assert expected.all()
+    else:
+        assert torch.equal(mask, expected)
+    with pytest.raises(ValueError, match="num_new must be <= the stored length"):
+        cache.causal_pattern(cached + new + 1)

@@ -188,3 +188,34 @@ def test_bad_sizes(arg):
     sizes[arg] = 2.0
     with pytest.raises(TypeError, match=f"{arg} must be an int, got float"):
         SelfAttention(sizes["d_in"], sizes["d_out_kq"], sizes["d_out_v"])
+
+
+def test_always_returns_output_and_weights_or_none():
+    attn = make()
+    x = torch.randn(2, 5, 16, dtype=DT)
+    out, w = attn(x)
+    assert out.shape == (2, 5, 28) and w is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"need_weights": "no"}, TypeError, "need_weights must be a bool"),
+        ({"is_causal": "yes"}, TypeError, "is_causal must be a bool"),
+        ({"attn_mask": causal_mask(6, device="meta")}, ValueError,
+         "query and attn_mask must be on the same device|x and attn_mask"),
+    ],
+)
+def test_bad_flags_and_mask_device(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        make()(torch.randn(6, 16, dtype=DT), **kwargs)
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError, match="positional argument"):
+        make()(torch.randn(6, 16, dtype=DT), causal_mask(6))
+
+
+def test_empty_sequence():
+    out, w = make()(torch.randn(2, 0, 16, dtype=DT), need_weights=True)
+    assert out.shape == (2, 0, 28) and w.shape == (2, 0, 0)

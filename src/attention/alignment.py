@@ -145,7 +145,7 @@ def hard_alignment(
     n = 1 if num_samples is None else check_int("num_samples", num_samples, minimum=1)
     check_generator(generator, weights.device)
     j = weights.shape[-1]
-    flat = weights.detach().reshape(-1, j)  # (rows, j)
+    flat = weights.detach().reshape(weights.shape[:-1].numel(), j)  # (rows, j)
     dead = flat.sum(-1) == 0  # (rows,): no visible key (every row when j = 0)
     if bool(dead.all()):  # nothing to draw from; multinomial refuses empty inputs
         idx = torch.full((flat.shape[0], n), -1, dtype=torch.long, device=weights.device)
@@ -201,7 +201,8 @@ def hard_attention(
             f"weights and value must be on the same device, got {weights.device} and {value.device}"
         )
     idx = hard_alignment(weights, generator=generator, num_samples=num_samples)
-    one_hot = nn.functional.one_hot(idx.clamp_min(0), weights.shape[-1]).to(value.dtype)
+    j = weights.shape[-1]  # one_hot needs a class even when j = 0; slice it away again
+    one_hot = nn.functional.one_hot(idx.clamp_min(0), max(j, 1))[..., :j].to(value.dtype)
     one_hot = one_hot * (idx >= 0).unsqueeze(-1).to(value.dtype)  # dead rows -> zeros
     return one_hot @ value, idx  # (n?, ..., i, e), (n?, ..., i)
 
