@@ -246,7 +246,7 @@ def test_additive_attention_rejects_wrong_value_size():
 
 
 def test_additive_attention_rejects_key_value_length_mismatch():
-    with pytest.raises(ValueError, match=r"key and value must have the same number of positions j, got 6 and 5"):
+    with pytest.raises(ValueError, match=r"value must have one row per key position: j = 6, got 5 rows"):
         AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 5, 2))
 
 

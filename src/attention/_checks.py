@@ -233,6 +233,17 @@ def check_qkv(query, key, value=None) -> None:
         )
 
 
+def check_value(value, j: int, like_name: str, like: Tensor, *, min_dim: int = 2) -> None:
+    """value ``(..., j, e)``: a floating tensor with one row per key, in the dtype and on the
+    device of ``like`` (the query, the weights ...); ``value=None`` is a ``TypeError``."""
+    check_tensor("value", value, floating=True, min_dim=min_dim)
+    check_like("value", value, like_name, like)
+    if value.shape[-2] != j:
+        raise ValueError(
+            f"value must have one row per key position: j = {j}, got {value.shape[-2]} rows"
+        )
+
+
 def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """NumPy broadcasting of shapes, or None when they do not broadcast.
 

@@ -37,6 +37,7 @@ from ._checks import (
     check_mask,
     check_real,
     check_tensor,
+    check_value,
 )
 from ._core import masked_softmax
 from .scoring import (
@@ -79,13 +80,7 @@ def soft_alignment(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor
 
 def _check_value(weights: Tensor, value) -> None:
     """value ``(..., j, e)`` matching the ``(..., i, j)`` weights (dtype, device, j, batch)."""
-    check_tensor("value", value, floating=True, min_dim=2)
-    check_like("value", value, "weights", weights)
-    if value.shape[-2] != weights.shape[-1]:
-        raise ValueError(
-            "value must have one row per key: weights have j = "
-            f"{weights.shape[-1]} keys, value has {value.shape[-2]} rows"
-        )
+    check_value(value, weights.shape[-1], "weights", weights)
     broadcast_shapes("the batch dims of weights and value", weights.shape[:-2], value.shape[:-2])
 
 
@@ -190,16 +185,7 @@ def hard_attention(
         ([[7.0]], [1])
     """
     check_tensor("weights", weights, floating=True, min_dim=1)
-    check_tensor("value", value, floating=True, min_dim=2)
-    if value.shape[-2] != weights.shape[-1]:
-        raise ValueError(
-            "value must have one row per key: weights have j = "
-            f"{weights.shape[-1]} keys, value has {value.shape[-2]} rows"
-        )
-    if value.device != weights.device:
-        raise ValueError(
-            f"weights and value must be on the same device, got {weights.device} and {value.device}"
-        )
+    check_value(value, weights.shape[-1], "weights", weights)
     idx = hard_alignment(weights, generator=generator, num_samples=num_samples)
     j = weights.shape[-1]  # one_hot needs a class even when j = 0; slice it away again
     one_hot = nn.functional.one_hot(idx.clamp_min(0), max(j, 1))[..., :j].to(value.dtype)
@@ -466,12 +452,11 @@ def multidimensional_weights(scores: Tensor, *, attn_mask: Tensor | None = None)
 
 def _check_feature_values(weights: Tensor, value) -> None:
     check_tensor("weights", weights, floating=True, min_dim=3)
-    check_tensor("value", value, floating=True, min_dim=2)
-    check_like("value", value, "weights", weights)
-    if tuple(value.shape[-2:]) != tuple(weights.shape[-2:]):
+    check_value(value, weights.shape[-2], "weights", weights)
+    if value.shape[-1] != weights.shape[-1]:
         raise ValueError(
-            "value must be (..., j, e) matching the weights' (j, e) = "
-            f"{tuple(weights.shape[-2:])}, got {tuple(value.shape[-2:])}"
+            "value must have one feature per weight feature: e = "
+            f"{weights.shape[-1]}, got {value.shape[-1]}"
         )
     broadcast_shapes("the batch dims of weights and value", weights.shape[:-3], value.shape[:-2])
 

@@ -361,16 +361,13 @@ class MultiHeadAttention(nn.Module):
             device=ref.device,
             dtype=ref.dtype,
         )
+        layers = (new.w_query, new.w_key, new.w_value, new.w_out)
+        weights = (w_q, w_k, w_v, module.out_proj.weight)
+        biases = (*module.in_proj_bias.chunk(3), module.out_proj.bias) if bias else (None,) * 4
         with torch.no_grad():
-            new.w_query.weight.copy_(w_q)
-            new.w_key.weight.copy_(w_k)
-            new.w_value.weight.copy_(w_v)
-            new.w_out.weight.copy_(module.out_proj.weight)
-            if bias:
-                b_q, b_k, b_v = module.in_proj_bias.detach().chunk(3)
-                new.w_query.bias.copy_(b_q)
-                new.w_key.bias.copy_(b_k)
-                new.w_value.bias.copy_(b_v)
-                new.w_out.bias.copy_(module.out_proj.bias)
+            for layer, weight, b in zip(layers, weights, biases):
+                layer.weight.copy_(weight)
+                if b is not None:
+                    layer.bias.copy_(b)
         new.train(module.training)
         return new

@@ -42,6 +42,7 @@ from ._checks import (
     check_real,
     check_scale,
     check_tensor,
+    check_value,
 )
 from ._core import default_scale, masked_softmax
 
@@ -447,13 +448,7 @@ def _attention_inputs(query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: 
     check_tensor("query", query, floating=True, min_dim=2)
     check_tensor("key", key, floating=True, min_dim=3)
     value = key if value is None else value
-    check_tensor("value", value, floating=True, min_dim=3)
-    check_like("value", value, "query", query)
-    if value.shape[-2] != key.shape[-2]:
-        raise ValueError(
-            "key and value must have the same number of positions j, "
-            f"got {key.shape[-2]} and {value.shape[-2]}"
-        )
+    check_value(value, key.shape[-2], "query", query, min_dim=3)
     if d_v is not None and value.shape[-1] != d_v:
         raise ValueError(
             f"value must have d_v = {d_v} features (its last dimension), got {value.shape[-1]}"

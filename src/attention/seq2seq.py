@@ -28,7 +28,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_generator, check_int, check_real, check_tensor
+from ._checks import (
+    check_bool,
+    check_generator,
+    check_int,
+    check_real,
+    check_same_device,
+    check_tensor,
+)
 from .cross_attention import CrossAttention
 from .masks import causal_mask, combine_masks, padding_mask
 from .self_attention import SelfAttention
@@ -180,12 +187,7 @@ class TinySeq2Seq(nn.Module):
         check_tensor(name, tokens, dtype=torch.long)
         if tokens.dim() != 2:
             raise ValueError(f"{name} must be a (b, n) tensor of token ids, got shape {tuple(tokens.shape)}")
-        weight = self.readout.weight
-        if tokens.device != weight.device:
-            raise ValueError(
-                f"{name} and the model must be on the same device, got {tokens.device} and "
-                f"{weight.device}"
-            )
+        check_same_device(**{name: tokens, "the model": self.readout.weight})
         if tokens.shape[1] > self.max_len:
             raise ValueError(f"{name} has {tokens.shape[1]} positions, more than max_len={self.max_len}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
