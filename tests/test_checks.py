@@ -139,3 +139,14 @@ def test_nan_scale_is_allowed_and_propagates_as_in_torch():
     assert _checks.check_scale(float("nan")) != _checks.check_scale(float("nan"))
     out = scaled_dot_product.scaled_dot_product_attention(q, q, q, scale=float("nan"))
     assert out.isnan().all() and F.scaled_dot_product_attention(q, q, q, scale=float("nan")).isnan().all()
+
+
+def test_setup_notebook_checks_everything_before_touching_global_state():
+    from attention import setup_notebook
+
+    threads, state = torch.get_num_threads(), torch.get_rng_state()
+    for kwargs, exc in (({"threads": 0}, ValueError), ({"seed": -1}, ValueError),
+                        ({"precision": 2.5}, TypeError), ({"seed": True}, TypeError)):
+        with pytest.raises(exc):
+            setup_notebook(**{"seed": 3, **kwargs})
+        assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), state)

@@ -3,7 +3,8 @@
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions (``S`` of them, the source length), ``d_q`` query size, ``d_k`` key
 size, ``a`` hidden size of an additive score (``d_hidden``), ``e`` value size (= number
-of features ``f`` in the multi-dimensional case), ``n`` Monte-Carlo samples.
+of features ``f`` in the multi-dimensional case); draws of hard attention stack on a
+leading ``num_samples`` axis.
 
 - **soft / global** (:func:`soft_alignment`): softmax over all keys; differentiable.
 - **hard** (:func:`hard_alignment`, :func:`hard_attention`): sample one key per query
@@ -124,10 +125,10 @@ def hard_alignment(
             each row is normalised before sampling. A row of zeros (no visible key)
             gets the index ``-1``.
         generator: a ``torch.Generator`` for reproducible draws.
-        num_samples: None for one draw, or ``n`` independent draws stacked in front.
+        num_samples: None for one draw, or the number of independent draws stacked in front.
 
     Returns:
-        ``(..., i)`` integer indices, or ``(n, ..., i)`` with ``num_samples=n``.
+        ``(..., i)`` integer indices, or ``(num_samples, ..., i)``.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -148,7 +149,7 @@ def hard_alignment(
         safe = torch.where(dead.unsqueeze(-1), torch.ones_like(flat), flat)
         idx = torch.multinomial(safe, n, replacement=True, generator=generator)  # (rows, n)
         idx = idx.masked_fill(dead.unsqueeze(-1), -1)
-    idx = idx.transpose(0, 1).reshape(n, *weights.shape[:-1])  # (n, ..., i)
+    idx = idx.transpose(0, 1).reshape(n, *weights.shape[:-1])  # (num_samples, ..., i)
     return idx[0] if num_samples is None else idx
 
 
@@ -165,18 +166,18 @@ def hard_attention(
     :math:`\mathbb{E}[c_i] = \sum_j \alpha_{ij} v_j`, the soft context (Xu et al., 2015).
     The estimate is unbiased; its variance
     :math:`\sum_j \alpha_{ij} \lVert v_j - c_i^{\text{soft}}\rVert^2` shrinks as
-    :math:`1/n` when ``n`` draws are averaged. Sampling has no gradient with respect to
+    :math:`1/N` when ``N`` draws are averaged. Sampling has no gradient with respect to
     the weights (training uses REINFORCE or the soft relaxation).
 
     Args:
         weights: ``(..., i, j)`` non-negative weights.
         value: ``(..., j, e)``.
         generator: a ``torch.Generator`` for reproducible draws.
-        num_samples: None for one draw, or ``n`` draws stacked in front.
+        num_samples: None for one draw, or the number of draws stacked in front.
 
     Returns:
         ``(context, indices)``: ``(..., i, e)`` and ``(..., i)``, each with a leading
-        ``n`` axis when ``num_samples=n``. A query with no visible key gets index -1 and a
+        ``num_samples`` axis when it is given. A query with no visible key gets index -1 and a
         zero context.
 
     Example:
@@ -190,7 +191,7 @@ def hard_attention(
     j = weights.shape[-1]  # one_hot needs a class even when j = 0; slice it away again
     one_hot = nn.functional.one_hot(idx.clamp_min(0), max(j, 1))[..., :j].to(value.dtype)
     one_hot = one_hot * (idx >= 0).unsqueeze(-1).to(value.dtype)  # dead rows -> zeros
-    return one_hot @ value, idx  # (n?, ..., i, e), (n?, ..., i)
+    return one_hot @ value, idx  # ([num_samples], ..., i, e), ([num_samples], ..., i)
 
 
 # --------------------------------------------------------------------------- local

@@ -1,7 +1,8 @@
 """Softmax, its logarithm and its Jacobian (taught in chapter 02).
 
 Shape legend used across the package: ``b`` batch, ``h`` heads, ``i`` query positions,
-``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` any softmax axis.
+``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length (here
+the length of the axis the softmax normalises over).
 """
 
 from __future__ import annotations
