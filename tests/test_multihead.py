@@ -341,7 +341,7 @@ def test_rejects_num_heads_not_divisible_by_num_kv_heads():
 
 
 def test_rejects_bad_dropout():
-    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\), got 1.5"):
+    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\], got 1.5"):
         MultiHeadAttention(8, 2, dropout=1.5)
 
 

@@ -185,14 +185,12 @@ BAD = {
     "mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2),
                                                         attn_mask=torch.ones(3, 5, dtype=torch.long)),
                    TypeError, "attn_mask must be boolean .* or floating .* got torch.int64"),
-    "float mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2), attn_mask=T(3, 5, dtype=torch.float32)),
-                         TypeError, "float attn_mask must have the query's dtype torch.float64"),
+    "float mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2), attn_mask=T(3, 5, dtype=torch.float16)),
+                         TypeError, r"float attn_mask must have the query's dtype torch.float64 \(or float32\)"),
     "mask and causal": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), attn_mask=causal_mask(3), is_causal=True),
                         ValueError, "either attn_mask or is_causal=True, not both"),
-    "dropout 1": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=1.0),
-                  ValueError, r"dropout_p must lie in \[0, 1\), got 1.0"),
     "dropout negative": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=-0.1),
-                         ValueError, r"dropout_p must lie in \[0, 1\), got -0.1"),
+                         ValueError, r"dropout_p must lie in \[0, 1\], got -0.1"),
     "heads without gqa": (lambda: scaled_dot_product_attention(T(1, 8, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2)),
                           ValueError, "query has 8 heads but key has 2; .* enable_gqa=True"),
     "heads not dividing": (lambda: scaled_dot_product_attention(T(1, 6, 3, 4), T(1, 4, 3, 4), T(1, 4, 3, 2), enable_gqa=True),
@@ -316,3 +314,11 @@ def test_dropout_draws_from_the_global_generator_only_after_validation():
     with pytest.raises(ValueError):
         scaled_dot_product_attention(T(3, 4), T(5, 4), T(4, 2), dropout_p=0.5)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_float32_mask_on_float64_inputs_and_dropout_one_as_torch():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = rand(3, 4, g=g), rand(5, 4, g=g), rand(5, 2, g=g)
+    mask = torch.randn(3, 5, generator=g)  # float32, as torch accepts for any query dtype
+    _same_as_torch(q, k, v, attn_mask=mask)
+    assert torch.equal(scaled_dot_product_attention(q, k, v, dropout_p=1.0), torch.zeros(3, 2, dtype=f64))

@@ -274,7 +274,8 @@ def check_mask(
 ) -> None:
     """Require a boolean or floating mask that broadcasts to ``target`` = ``(..., i, j)``.
 
-    A float mask must have the query's dtype; with ``device`` given, the mask must live
+    A float mask must have the query's dtype or be float32 (what torch's SDPA accepts;
+    it is added to the scores in their dtype); with ``device`` given, the mask must live
     there (``ValueError`` naming both devices).
     """
     if not isinstance(attn_mask, Tensor):
@@ -284,9 +285,10 @@ def check_mask(
             "attn_mask must be boolean (True = may attend) or floating (added to the scores), "
             f"got {attn_mask.dtype}"
         )
-    if attn_mask.is_floating_point() and attn_mask.dtype != query_dtype:
+    if attn_mask.is_floating_point() and attn_mask.dtype not in (query_dtype, torch.float32):
         raise TypeError(
-            f"a float attn_mask must have the query's dtype {query_dtype}, got {attn_mask.dtype}"
+            f"a float attn_mask must have the query's dtype {query_dtype} (or float32), "
+            f"got {attn_mask.dtype}"
         )
     if device is not None and attn_mask.device != torch.device(device):
         raise ValueError(

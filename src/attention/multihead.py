@@ -167,7 +167,7 @@ class MultiHeadAttention(nn.Module):
                 "batch_first=False; transpose sequence-first inputs with .transpose(0, 1)"
             )
         check_bool("bias", bias)
-        dropout = check_probability("dropout", dropout)
+        dropout = check_probability("dropout", dropout, closed=True)
         device = check_device("device", device)
         dtype = None if dtype is None else check_dtype("dtype", dtype, floating=True)
 

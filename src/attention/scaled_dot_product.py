@@ -119,7 +119,7 @@ def scaled_dot_product_attention(
             non-numeric scale or dropout_p.
         ValueError: for mismatched ``d``/``j``/heads, batch dims that don't broadcast, a
             mask of the wrong shape, inputs on different devices, ``attn_mask`` together
-            with ``is_causal=True``, ``dropout_p`` outside ``[0, 1)``.
+            with ``is_causal=True``, ``dropout_p`` outside ``[0, 1]``.
 
     Returns:
         ``(..., h, i, e)``. A query with no visible key gets a zero output.
@@ -130,5 +130,5 @@ def scaled_dot_product_attention(
         [[1.0]]
     """
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
-    check_probability("dropout_p", dropout_p)
+    check_probability("dropout_p", dropout_p, closed=True)  # torch allows 1.0: all zeros
     return _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p)[0]
