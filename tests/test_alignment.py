@@ -7,15 +7,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import LocalAlignment, MultiDimensionalAttention, hard_attention
+from attention import LocalAlignment, hard_attention
 from attention.alignment import (
     hard_alignment,
     local_alignment,
     local_centre,
     local_window,
-    multidimensional_attention,
-    multidimensional_scores,
-    multidimensional_weights,
     soft_alignment,
     soft_attention,
 )
@@ -187,68 +184,6 @@ def test_local_alignment_rejects_wrong_centre_shape():
 # ---------------------------------------------------------------- multi-dimensional
 
 
-def test_multidimensional_weights_sum_to_one_over_keys_for_every_feature():
-    s = randn(2, 3, 5, 7)
-    w = multidimensional_weights(s)
-    torch.testing.assert_close(w.sum(dim=-2), torch.ones(2, 3, 7, dtype=D64))
-    torch.testing.assert_close(w, torch.softmax(s, dim=-2))
-
-
-def test_multidimensional_masks():
-    s = randn(2, 3, 4, 6)
-    mask = torch.tensor([True, False, True, True])  # broadcasts to (b, i, j)
-    w = multidimensional_weights(s, attn_mask=mask)
-    assert (w[:, :, 1] == 0).all()
-    torch.testing.assert_close(w.sum(-2), torch.ones(2, 3, 6, dtype=D64))
-    dead = multidimensional_weights(s, attn_mask=torch.zeros(4, dtype=torch.bool))
-    assert torch.equal(dead, torch.zeros_like(dead))
-
-
-def test_multidimensional_scores_and_context_match_einsum():
-    q, k, v = randn(2, 3, 4), randn(2, 5, 6, seed=1), randn(2, 5, 7, seed=2)
-    w1, w2, b, wo, bo = (randn(8, 4, seed=3), randn(8, 6, seed=4), randn(8, seed=5),
-                         randn(7, 8, seed=6), randn(7, seed=7))
-    hidden = torch.tanh(torch.einsum("hd,bid->bih", w1, q)[:, :, None]
-                        + torch.einsum("hd,bjd->bjh", w2, k)[:, None] + b)
-    expected_s = torch.einsum("fh,bijh->bijf", wo, hidden) + bo
-    s = multidimensional_scores(q, k, w1, w2, wo, b, bo)
-    torch.testing.assert_close(s, expected_s)
-    w = multidimensional_weights(s)
-    torch.testing.assert_close(multidimensional_attention(w, v), torch.einsum("bijf,bjf->bif", w, v))
-
-
-def test_multidimensional_with_equal_feature_scores_is_single_dimensional():
-    s1 = randn(2, 3, 5)
-    w = multidimensional_weights(s1[..., None].expand(-1, -1, -1, 4))
-    torch.testing.assert_close(w, soft_alignment(s1)[..., None].expand(-1, -1, -1, 4))
-
-
-def test_multidimensional_attention_module_shapes_and_gradcheck():
-    attn = MultiDimensionalAttention(3, 5, 4, 6).to(D64)
-    k, v = randn(2, 7, 5), randn(2, 7, 4, seed=1)
-    c1, w1 = attn(randn(2, 3, seed=2), k, v)
-    assert c1.shape == (2, 4) and w1.shape == (2, 7, 4)
-    c2, w2 = attn(randn(2, 6, 3, seed=2), k, v)
-    assert c2.shape == (2, 6, 4) and w2.shape == (2, 6, 7, 4)
-    mask = torch.tensor([[True] * 7, [True, True, False, False, False, False, False]])
-    _, wm = attn(randn(2, 3, seed=2), k, v, attn_mask=mask)
-    assert (wm[1, 2:] == 0).all()
-
-    names = [n for n, _ in attn.named_parameters()]
-    q = randn(1, 2, 3, seed=3).requires_grad_(True)
-    kk = k[:1, :3].clone().requires_grad_(True)
-    vv = v[:1, :3].clone().requires_grad_(True)
-    ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
-    assert torch.autograd.gradcheck(
-        lambda q, k, v, *ps: torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v)),
-        (q, kk, vv, *ps))
-
-
-def test_multidimensional_attention_rejects_wrong_value_size():
-    with pytest.raises(ValueError, match=r"value must have d_v = 4 features \(its last dimension\), got 3"):
-        MultiDimensionalAttention(3, 5, 4, 6)(torch.randn(2, 3), torch.randn(2, 7, 5), torch.randn(2, 7, 3))
-
-
 def test_local_alignment_entropy_sanity():
     """A wide window with tiny sigma concentrates the weight near p (a sharp prior)."""
     s = torch.zeros(1, 21, dtype=D64)
@@ -294,8 +229,6 @@ def test_local_alignment_ignores_a_nan_outside_the_window():
         (lambda: LocalAlignment(4, 6, 2.0, sigma=-1.0), ValueError, "sigma must be >= 0, got -1.0"),
         (lambda: local_centre(randn(2, 4), torch.zeros(3, 4), torch.zeros(3), 5), TypeError,
          r"the dtype of w_p|v_p"),
-        (lambda: multidimensional_attention(randn(1, 2, 3, 4), randn(3, 4).float()),
-         TypeError, "value must have the dtype of weights"),
     ],
 )
 def test_bad_input_classes(call, exc, match):

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import _checks, _core, alignment, scaled_dot_product, scoring
+from attention import _checks, _core, additive, alignment, scaled_dot_product
 from attention._checks import (
     check_bool,
     check_choice,
@@ -31,7 +31,7 @@ T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)  # noqa: E731
 
 def test_every_kernel_uses_the_one_masked_softmax():
     assert scaled_dot_product.masked_softmax is _core.masked_softmax
-    assert scoring.masked_softmax is _core.masked_softmax
+    assert additive.masked_softmax is _core.masked_softmax
     assert alignment.masked_softmax is _core.masked_softmax
 
 

@@ -28,6 +28,7 @@ from .kv_cache import *  # noqa: F403  chapter 06
 from .cross_attention import *  # noqa: F403  chapter 08
 from .scoring import *  # noqa: F403  chapter 09
 from .alignment import *  # noqa: F403  chapter 09
+from .additive import *  # noqa: F403  chapter 09
 from .linear import *  # noqa: F403  chapter 10
 from .sparse import *  # noqa: F403  chapter 11
 from .approximate import *  # noqa: F403  chapter 11

@@ -156,6 +156,12 @@ def check_tensor(
         )
 
 
+def check_has_data(name: str, x: Tensor) -> None:
+    """``x`` holds values (not a ``meta`` tensor), for checks that must read them."""
+    if x.device.type == "meta":
+        raise ValueError(f"{name} must hold values to be checked, got a tensor on the meta device")
+
+
 def check_same_device(**tensors: Tensor | None) -> None:
     """Every given tensor lives on one device (``None`` entries are skipped).
 

@@ -2,9 +2,8 @@
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions (``S`` of them, the source length), ``d_q`` query size, ``d_k`` key
-size, ``a`` hidden size of an additive score (``d_hidden``), ``e`` value size (= number
-of features ``f`` in the multi-dimensional case); draws of hard attention stack on a
-leading ``num_samples`` axis.
+size, ``a`` hidden size of the centre predictor (``d_hidden``), ``e`` value size; draws of
+hard attention stack on a leading ``num_samples`` axis.
 
 - **soft / global** (:func:`soft_alignment`): softmax over all keys; differentiable.
 - **hard** (:func:`hard_alignment`, :func:`hard_attention`): sample one key per query
@@ -14,9 +13,8 @@ leading ``num_samples`` axis.
   ``p = S * sigmoid(v_p^T tanh(W_p q))``, keep the keys of the window
   ``[p - D, p + D]`` and weigh them by ``softmax`` restricted to the window times a
   Gaussian ``exp(-(l - p)^2 / (2 sigma^2))``, ``sigma = D / 2`` (Luong et al., 2015).
-- **multi-dimensional** (:func:`multidimensional_weights`, :class:`MultiDimensionalAttention`):
-  one score per key *per feature*, softmax over keys for each feature, values weighted
-  element-wise (Shen et al., 2018, DiSAN).
+- **multi-dimensional**, one weight per key *per feature*, lives with the other additive
+  layer in ``additive.py`` (:class:`~attention.MultiDimensionalAttention`).
 
 Mask convention: boolean, **True = may attend**, broadcastable to the ``(..., i, j)``
 weights (as in ``torch.nn.functional.scaled_dot_product_attention``); a float mask is
@@ -33,6 +31,7 @@ from torch import Tensor, nn
 from ._checks import (
     broadcast_shapes,
     check_generator,
+    check_has_data,
     check_int,
     check_like,
     check_mask,
@@ -42,16 +41,12 @@ from ._checks import (
 )
 from ._core import masked_softmax
 from .scoring import (
-    _additive_hidden,
-    _attention_inputs,
     _check_param,
-    additive_hidden,
-    get_activation,
 )
 
 # The functions are imported from this module (``from attention.alignment import
 # soft_alignment``); the facade exports the mechanisms.
-__all__ = ["hard_attention", "LocalAlignment", "MultiDimensionalAttention"]
+__all__ = ["hard_attention", "LocalAlignment"]
 
 
 # --------------------------------------------------------------------------- soft
@@ -136,6 +131,7 @@ def hard_alignment(
         [1]
     """
     check_tensor("weights", weights, floating=True, min_dim=1)
+    check_has_data("weights", weights)
     if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
         raise ValueError("weights must be finite and >= 0 to be sampled from")
     n = 1 if num_samples is None else check_int("num_samples", num_samples, minimum=1)
@@ -380,167 +376,3 @@ class LocalAlignment(nn.Module):
     def extra_repr(self) -> str:
         return (f"d_q={self.d_q}, d_hidden={self.d_hidden}, half_width={self.half_width}, "
                 f"sigma={self.sigma}")
-
-
-# --------------------------------------------------------------------------- multi-dimensional
-
-
-def multidimensional_scores(
-    query: Tensor,
-    key: Tensor,
-    w_query: Tensor,
-    w_key: Tensor,
-    w_out: Tensor,
-    bias: Tensor | None = None,
-    out_bias: Tensor | None = None,
-    activation: str | None = "tanh",
-) -> Tensor:
-    r"""A score per key *per feature*: :math:`s_{ij} = W_o\,\mathrm{act}(W_1 q_i + W_2 k_j + b) + b_o \in \mathbb{R}^{f}`.
-
-    The additive score with its output vector :math:`v` replaced by a matrix
-    :math:`W_o` of ``f`` rows (Shen et al., 2018).
-
-    Args:
-        query: ``(..., i, d_q)``; key: ``(..., j, d_k)``.
-        w_query: ``(a, d_q)``; w_key: ``(a, d_k)``; w_out: ``(f, a)``.
-        bias: ``(a,)`` or None; out_bias: ``(f,)`` or None.
-        activation: name of the activation (default ``"tanh"``).
-
-    Returns:
-        ``(..., i, j, f)`` scores.
-
-    Example:
-        >>> w = torch.zeros(4, 3)
-        >>> multidimensional_scores(torch.ones(2, 3), torch.ones(5, 3), w, w, torch.zeros(6, 4)).shape
-        torch.Size([2, 5, 6])
-    """
-    check_tensor("w_out", w_out, floating=True)
-    check_tensor("w_query", w_query, floating=True, min_dim=1)
-    if w_out.dim() != 2 or w_out.shape[1] != w_query.shape[0]:
-        raise ValueError(
-            f"w_out must be (f, a) with a = {w_query.shape[0]}, got shape {tuple(w_out.shape)}"
-        )
-    check_like("w_out", w_out, "w_query", w_query)
-    if out_bias is not None:
-        _check_param("out_bias", out_bias, (w_out.shape[0],), "(f,)", w_out)
-    hidden = additive_hidden(query, key, w_query, w_key, bias, activation)  # (..., i, j, a)
-    scores = hidden @ w_out.transpose(0, 1)  # (..., i, j, f)
-    return scores if out_bias is None else scores + out_bias
-
-
-def multidimensional_weights(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
-    r"""Softmax over the keys separately for every feature: :math:`\alpha_{ijc} = \operatorname{softmax}_j(s_{ijc})`.
-
-    Args:
-        scores: ``(..., i, j, f)``.
-        attn_mask: boolean (**True = may attend**) or float, broadcastable to
-            ``(..., i, j)``; the same for every feature.
-
-    Returns:
-        ``(..., i, j, f)`` weights; for every query and feature they sum to 1 over ``j``
-        (0 for a query with no visible key).
-
-    Example:
-        >>> multidimensional_weights(torch.zeros(1, 2, 3)).sum(-2).tolist()
-        [[1.0, 1.0, 1.0]]
-    """
-    check_tensor("scores", scores, floating=True, min_dim=3)
-    if attn_mask is not None:
-        check_mask(attn_mask, scores.dtype, tuple(scores.shape[:-1]), device=scores.device)
-        attn_mask = attn_mask.unsqueeze(-1)  # (..., i, j, 1)
-    return masked_softmax(scores, attn_mask, dim=-2)  # (..., i, j, f)
-
-
-def _check_feature_values(weights: Tensor, value) -> None:
-    check_tensor("weights", weights, floating=True, min_dim=3)
-    check_value(value, weights.shape[-2], "weights", weights)
-    if value.shape[-1] != weights.shape[-1]:
-        raise ValueError(
-            "value must have one feature per weight feature: e = "
-            f"{weights.shape[-1]}, got {value.shape[-1]}"
-        )
-    broadcast_shapes("the batch dims of weights and value", weights.shape[:-3], value.shape[:-2])
-
-
-def multidimensional_attention(weights: Tensor, value: Tensor) -> Tensor:
-    r"""Element-wise weighting of the values: :math:`c_{ic} = \sum_j \alpha_{ijc} v_{jc}`.
-
-    Args:
-        weights: ``(..., i, j, e)``.
-        value: ``(..., j, e)``.
-
-    Returns:
-        ``(..., i, e)`` context.
-
-    Example:
-        >>> multidimensional_attention(torch.full((1, 2, 3), 0.5), torch.ones(2, 3)).tolist()
-        [[1.0, 1.0, 1.0]]
-    """
-    _check_feature_values(weights, value)
-    return (weights * value.unsqueeze(-3)).sum(dim=-2)  # (..., i, e)
-
-
-class MultiDimensionalAttention(nn.Module):
-    r"""Multi-dimensional (feature-wise) additive attention (Shen et al., 2018).
-
-    Each key gets ``d_v`` scores, one per value feature; the softmax over keys is taken
-    per feature and the values are weighted element-wise, so different features of the
-    context may come from different keys.
-
-    Parameters:
-        w_query: ``(d_hidden, d_q)``; w_key: ``(d_hidden, d_k)``; bias: ``(d_hidden,)``;
-        w_out: ``(d_v, d_hidden)``; out_bias: ``(d_v,)``.
-
-    Args:
-        d_q, d_k, d_v: query, key and value sizes.
-        d_hidden: hidden size ``a``.
-        activation: activation of the hidden layer (default ``"tanh"``).
-
-    Call ``attn(query, key, value=None, *, attn_mask=None) -> (context, weights)`` with
-    query ``(b, d_q)`` or ``(b, i, d_q)``, key ``(b, j, d_k)``, value ``(b, j, d_v)``
-    (the keys when None, then ``d_v`` must equal ``d_k``); context ``(b, d_v)`` /
-    ``(b, i, d_v)``, weights ``(b, j, d_v)`` / ``(b, i, j, d_v)``. The mask (**True =
-    may attend**) broadcasts to ``(b, j)`` / ``(b, i, j)``.
-
-    Example:
-        >>> attn = MultiDimensionalAttention(4, 4, 3, 8)
-        >>> context, weights = attn(torch.randn(2, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 3))
-        >>> context.shape, weights.shape
-        (torch.Size([2, 3]), torch.Size([2, 5, 3]))
-    """
-
-    def __init__(self, d_q: int, d_k: int, d_v: int, d_hidden: int, *,
-                 activation: str | None = "tanh"):
-        super().__init__()
-        self.d_q = check_int("d_q", d_q, minimum=1)
-        self.d_k = check_int("d_k", d_k, minimum=1)
-        self.d_v = check_int("d_v", d_v, minimum=1)
-        self.d_hidden = check_int("d_hidden", d_hidden, minimum=1)
-        get_activation(activation)
-        self.activation = activation
-        self.w_query = nn.Parameter(torch.empty(self.d_hidden, self.d_q))
-        self.w_key = nn.Parameter(torch.empty(self.d_hidden, self.d_k))
-        self.bias = nn.Parameter(torch.empty(self.d_hidden))
-        self.w_out = nn.Parameter(torch.empty(self.d_v, self.d_hidden))
-        self.out_bias = nn.Parameter(torch.empty(self.d_v))
-        for p, fan_in in ((self.w_query, self.d_q), (self.w_key, self.d_k),
-                          (self.bias, self.d_hidden), (self.w_out, self.d_hidden),
-                          (self.out_bias, self.d_hidden)):
-            nn.init.uniform_(p, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor | None = None, *,
-                attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        query, value, attn_mask, single = _attention_inputs(
-            query, key, value, attn_mask, d_q=self.d_q, d_k=self.d_k, d_v=self.d_v,
-            weight=self.w_query)
-        act = get_activation(self.activation)
-        hidden = _additive_hidden(query, key, self.w_query, self.w_key, self.bias,
-                                  act)  # (b, i, j, a)
-        scores = hidden @ self.w_out.transpose(0, 1) + self.out_bias  # (b, i, j, d_v)
-        if attn_mask is not None:
-            attn_mask = attn_mask.unsqueeze(-1)  # (b, i, j, 1)
-        weights = masked_softmax(scores, attn_mask, dim=-2)  # (b, i, j, d_v)
-        context = (weights * value.unsqueeze(-3)).sum(dim=-2)  # (b, i, d_v)
-        if single:
-            return context.squeeze(-2), weights.squeeze(-3)
-        return context, weights

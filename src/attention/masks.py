@@ -24,6 +24,7 @@ from ._checks import (
     check_choice,
     check_device,
     check_dtype,
+    check_has_data,
     check_int,
     check_same_device,
     check_tensor,
@@ -96,15 +97,20 @@ def _lengths(lengths, device) -> Tensor:
         lengths = lengths.to(device=device if device is not None else lengths.device,
                              dtype=torch.long)
     else:
-        if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        try:
+            if isinstance(lengths, (str, bytes)):
+                raise TypeError
+            lengths = list(lengths)  # a list, tuple, range or NumPy array of ints
+        except TypeError:
             raise TypeError(
                 f"lengths must be a sequence of ints or a 1-D integer tensor, "
                 f"got {type(lengths).__name__}"
-            )
+            ) from None
         for n in lengths:
             if isinstance(n, bool) or not isinstance(n, numbers.Integral):
                 raise TypeError(f"lengths must hold ints, got {type(n).__name__} {n!r}")
         lengths = torch.tensor([int(n) for n in lengths], dtype=torch.long, device=device)
+    check_has_data("lengths", lengths)
     if lengths.numel() and lengths.min() < 0:
         raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
     return lengths

@@ -19,8 +19,8 @@ query and key broadcast against each other:
 
 The parameter-free scores are plain functions; the learnable ones are ``nn.Module``\\ s
 that own their parameters and call the functional core (:func:`general_scores`,
-:func:`additive_scores`). :class:`AdditiveAttention` wraps the additive score into a
-complete attention layer (Bahdanau et al., 2015). Masks follow the package convention:
+:func:`additive_scores`). ``additive.py`` builds complete attention layers on the
+additive score (Bahdanau et al., 2015). Masks follow the package convention:
 boolean, **True = may attend**, broadcastable to the ``(..., i, j)`` scores.
 """
 
@@ -37,18 +37,16 @@ from ._checks import (
     check_bool,
     check_int,
     check_like,
-    check_mask,
     check_qk,
     check_real,
     check_scale,
     check_tensor,
-    check_value,
 )
-from ._core import default_scale, masked_softmax
+from ._core import default_scale
 
 # The score functions and activations are imported from this module
 # (``from attention.scoring import dot_scores``); the facade exports the modules.
-__all__ = ["GeneralScore", "AdditiveScore", "AdditiveAttention"]
+__all__ = ["GeneralScore", "AdditiveScore"]
 
 #: Activations a score may use, by name. ``None`` means the identity.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -433,99 +431,3 @@ class AdditiveScore(nn.Module):
     def extra_repr(self) -> str:
         return (f"d_q={self.d_q}, d_k={self.d_k}, d_hidden={self.d_hidden}, "
                 f"activation={self.activation!r}, bias={self.bias is not None}")
-
-
-def _attention_inputs(query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: int | None,
-                      weight: Tensor):
-    """Shared boundary checks of the additive attention modules.
-
-    ``query`` is ``(b, d_q)`` (one query per batch element) or ``(b, i, d_q)``; ``key``
-    ``(b, j, d_k)``; ``value`` ``(b, j, e)`` or None for the keys; ``attn_mask``
-    broadcastable to ``(b, j)`` or ``(b, i, j)``; every tensor has the dtype and device of
-    the module's ``weight``. Returns ``(query, value, attn_mask, single)`` with a single
-    query turned into a sequence of one, ``(b, 1, d_q)``, and its mask into ``(b, 1, j)``.
-    """
-    check_tensor("query", query, floating=True, min_dim=2)
-    check_tensor("key", key, floating=True, min_dim=3)
-    value = key if value is None else value
-    check_value(value, key.shape[-2], "query", query, min_dim=3)
-    if d_v is not None and value.shape[-1] != d_v:
-        raise ValueError(
-            f"value must have d_v = {d_v} features (its last dimension), got {value.shape[-1]}"
-        )
-    single = query.dim() == key.dim() - 1
-    if single:
-        query = query.unsqueeze(-2)  # (b, 1, d_q)
-    _check_sizes(query, key, d_q, d_k)
-    check_like("query", query, "the module's parameters", weight)
-    batch = broadcast_shapes("the batch dims of query, key and value", query.shape[:-2],
-                             key.shape[:-2], value.shape[:-2])
-    if attn_mask is not None:
-        i = () if single else (query.shape[-2],)
-        check_mask(attn_mask, query.dtype, (*batch, *i, key.shape[-2]), device=query.device)
-        if single:
-            attn_mask = attn_mask.unsqueeze(-2)  # (b, 1, j)
-    return query, value, attn_mask, single
-
-
-class AdditiveAttention(nn.Module):
-    r"""Bahdanau attention: additive scores, softmax over keys, weighted sum of values.
-
-    .. math:: \alpha_{ij} = \operatorname{softmax}_j\big(v^\top \tanh(W_1 q_i + W_2 k_j + b)\big),
-              \qquad c_i = \sum_j \alpha_{ij} v_j
-
-    The query may be a single vector per batch element (a decoder state, ``(b, d_q)``)
-    or a sequence ``(b, i, d_q)``; keys and values may have other sizes than the query.
-
-    Args:
-        d_q: query size.
-        d_k: key size.
-        d_v: value size, checked when given (values are not projected); None accepts any.
-        d_hidden: hidden size ``a`` of the score (default ``d_q``).
-        activation: activation of the score (default ``"tanh"``).
-        bias: include the bias :math:`b` in the score.
-
-    Parameters: those of :attr:`score`, an :class:`AdditiveScore`.
-
-    Example:
-        >>> attn = AdditiveAttention(4, 6, 3, d_hidden=8)
-        >>> context, weights = attn(torch.randn(2, 4), torch.randn(2, 5, 6), torch.randn(2, 5, 3))
-        >>> context.shape, weights.shape
-        (torch.Size([2, 3]), torch.Size([2, 5]))
-    """
-
-    def __init__(self, d_q: int, d_k: int, d_v: int | None = None, d_hidden: int | None = None,
-                 *, activation: str | None = "tanh", bias: bool = True):
-        super().__init__()
-        self.d_v = None if d_v is None else check_int("d_v", d_v, minimum=1)
-        d_hidden = d_q if d_hidden is None else d_hidden
-        self.score = AdditiveScore(d_q, d_k, d_hidden, activation, bias=bias)
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor | None = None, *,
-                attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Attend from ``query`` over ``key``/``value``.
-
-        Args:
-            query: ``(b, d_q)`` (one query each) or ``(b, i, d_q)``.
-            key: ``(b, j, d_k)``.
-            value: ``(b, j, e)``; None uses the keys as values (Bahdanau's annotations).
-            attn_mask: boolean, **True = may attend**, broadcastable to the weights'
-                shape: ``(b, j)`` for a single query, ``(b, i, j)`` for a sequence.
-                A float mask is added to the scores.
-
-        Returns:
-            ``(context, weights)``: ``(b, e)`` and ``(b, j)`` for a single query,
-            ``(b, i, e)`` and ``(b, i, j)`` for a sequence. Masked weights are exactly
-            zero; a query with no visible key gets zero weights and a zero context.
-        """
-        score = self.score
-        query, value, attn_mask, single = _attention_inputs(
-            query, key, value, attn_mask, d_q=score.d_q, d_k=score.d_k, d_v=self.d_v,
-            weight=score.v)
-        act = get_activation(score.activation)
-        hidden = _additive_hidden(query, key, score.w_query, score.w_key, score.bias, act)
-        weights = masked_softmax(hidden @ score.v, attn_mask)  # (b, i, j)
-        context = weights @ value  # (b, i, e)
-        if single:
-            return context.squeeze(-2), weights.squeeze(-2)
-        return context, weights

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ._checks import (
     check_bool,
     check_generator,
+    check_has_data,
     check_int,
     check_real,
     check_same_device,
@@ -188,6 +189,7 @@ class TinySeq2Seq(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"{name} must be a (b, n) tensor of token ids, got shape {tuple(tokens.shape)}")
         check_same_device(**{name: tokens, "the model": self.readout.weight})
+        check_has_data(name, tokens)
         if tokens.shape[1] > self.max_len:
             raise ValueError(f"{name} has {tokens.shape[1]} positions, more than max_len={self.max_len}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):

@@ -30,9 +30,14 @@ def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
     return m.masked_fill(drop, 0.0)
 
 
+def _empty(x: Tensor, dim: int) -> bool:
+    """Whether the axis ``dim`` has no entries (a 0-dim tensor counts as one entry)."""
+    return x.dim() > 0 and x.shape[dim] == 0
+
+
 def _softmax(x: Tensor, dim: int) -> Tensor:
     """Unchecked core of :func:`softmax`."""
-    if x.shape[dim] == 0:  # nothing to normalise (amax would refuse the empty axis)
+    if _empty(x, dim):  # nothing to normalise (amax would refuse the empty axis)
         return x.clone()
     z = torch.exp(x - _shift(x, dim, zero_infinite=False))
     return z / z.sum(dim=dim, keepdim=True)
@@ -82,7 +87,7 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     """
     _check("x", x, dim)
     check_bool("keepdim", keepdim)
-    if x.shape[dim] == 0:
+    if _empty(x, dim):
         return torch.logsumexp(x, dim=dim, keepdim=keepdim)  # -inf, torch's convention
     m = _shift(x, dim, zero_infinite=True)
     out = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
@@ -101,7 +106,7 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
         [0.0, -10000.0]
     """
     _check("x", x, dim)
-    if x.shape[dim] == 0:
+    if _empty(x, dim):
         return x.clone()
     shifted = x - _shift(x, dim, zero_infinite=False)
     return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))
