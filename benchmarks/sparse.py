@@ -94,7 +94,7 @@ def block_sparse_call(n: int, block: int = BLOCK):
 
     q, k, v = _inputs(n)
     layout = layout_for(n, block)
-    return lambda: block_sparse_attention(q, k, v, layout, block)
+    return lambda: block_sparse_attention(q, k, v, layout=layout, block_size=block)
 
 
 def block_diagonal_call(n: int, block: int):
@@ -102,7 +102,7 @@ def block_diagonal_call(n: int, block: int):
 
     q, k, v = _inputs(n)
     layout = torch.eye(n // block, dtype=torch.bool)
-    return lambda: block_sparse_attention(q, k, v, layout, block)
+    return lambda: block_sparse_attention(q, k, v, layout=layout, block_size=block)
 
 
 def dense_call(n: int):

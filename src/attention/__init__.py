@@ -38,20 +38,23 @@ from .linear import (  # chapter 10
     random_feature_map,
     relu_feature_map,
 )
-from .masks import (  # chapter 04, 11
-    bigbird_mask,
-    block_sparse_mask,
+from .masks import (  # chapter 04
     causal_mask,
     combine_masks,
     decoding_mask,
-    dilated_mask,
-    global_tokens_mask,
     padding_mask,
-    sliding_window_mask,
     to_additive_mask,
 )
 from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
 from .notebook import load_benchmark, report_close, setup_notebook
+from .patterns import (  # chapter 11
+    bigbird_mask,
+    block_sparse_mask,
+    dilated_mask,
+    global_tokens_mask,
+    local_global_layout,
+    sliding_window_mask,
+)
 from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
 from .pretrained import (  # chapter 15
     AttentionTrace,
@@ -98,11 +101,7 @@ from .softmax import (  # chapter 02
     softmax_jacobian,
     two_pass_softmax,
 )
-from .sparse import (  # chapter 11
-    block_sparse_attention,
-    local_global_layout,
-    sliding_window_attention,
-)
+from .sparse import block_sparse_attention, sliding_window_attention  # chapter 11
 from .tiled import online_softmax, online_softmax_blocked, tiled_attention  # chapter 12
 
 __version__ = "0.1.0"

@@ -1,7 +1,10 @@
-"""Tests for the sparse mask builders appended to attention/masks.py (chapter 11).
+"""Tests for attention/patterns.py, the sparse patterns of chapter 11.
 
-Every builder is checked against a naive double loop over (query i, key j).
+Every builder is checked against a naive double loop over (query i, key j); the window
+conventions against flash-attn's formula and the masks Hugging Face transformers builds.
 """
+
+import importlib.util
 
 import pytest
 import torch
@@ -18,8 +21,9 @@ from attention import (
 )
 
 
-def loop_mask(n, rule):
-    return torch.tensor([[rule(i, j) for j in range(n)] for i in range(n)], dtype=torch.bool).reshape(n, n)
+def loop_mask(n, rule, j=None):
+    j = n if j is None else j
+    return torch.tensor([[rule(a, b) for b in range(j)] for a in range(n)], dtype=torch.bool).reshape(n, j)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 37])
@@ -103,20 +107,15 @@ def test_local_global_layout_expands_to_the_element_pattern(n, w, b):
 
 
 def test_negative_window_is_rejected():
-    with pytest.raises(ValueError, match="window must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="window left must be >= 0, got -1"):
         sliding_window_mask(5, -1)
-    with pytest.raises(ValueError, match="window must be >= 0, got -2"):
+    with pytest.raises(ValueError, match="window left must be >= 0, got -2"):
         global_tokens_mask(5, -2, [0])
 
 
 def test_dilation_below_one_is_rejected():
     with pytest.raises(ValueError, match="dilation must be >= 1, got 0"):
         dilated_mask(5, 1, 0)
-
-
-def test_window_must_be_int():
-    with pytest.raises(TypeError, match="window must be an int"):
-        sliding_window_mask(5, 1.5)
 
 
 def test_global_index_out_of_range_is_rejected():
@@ -148,3 +147,113 @@ def test_block_layout_must_be_boolean_2d():
         block_sparse_mask(torch.ones(2, 2), 4)
     with pytest.raises(ValueError, match="layout must be a 2-D"):
         block_sparse_mask(torch.ones(2, dtype=torch.bool), 4)
+
+
+# --- window conventions: (left, right), rectangular, flash-attn, Hugging Face -------------
+
+
+@given(i=st.integers(0, 12), j=st.integers(0, 12), left=st.one_of(st.none(), st.integers(0, 14)),
+       right=st.one_of(st.none(), st.integers(0, 14)))
+def test_window_pair_is_flash_attn_window_size_bottom_right(i, j, left, right):
+    # flash-attn: query a sits at position a + j - i; it sees keys in
+    # [p - left, p + right], -1 (here None) meaning unbounded on that side
+    lo = -(10**9) if left is None else -left
+    hi = 10**9 if right is None else right
+    expected = loop_mask(i, lambda a, b: lo <= b - (a + j - i) <= hi, j)
+    assert torch.equal(sliding_window_mask(i, (left, right), j=j), expected)
+
+
+@pytest.mark.parametrize("w", [0, 1, 3, 9])
+def test_int_window_is_the_symmetric_pair(w):
+    assert torch.equal(sliding_window_mask(11, w), sliding_window_mask(11, (w, w)))
+    assert torch.equal(sliding_window_mask(11, w, is_causal=True), sliding_window_mask(11, (w, 0)))
+
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+
+
+@needs_transformers
+@pytest.mark.parametrize("i, j", [(9, 9), (1, 9), (4, 9)])
+@pytest.mark.parametrize("w", [1, 2, 4, 20])
+def test_hugging_face_sliding_window_counts_the_query(i, j, w):
+    from transformers.masking_utils import (
+        sliding_window_bidirectional_mask_function,
+        sliding_window_causal_mask_function,
+    )
+
+    query_pos = torch.arange(j - i, j)[:, None]  # HF indexes queries by cache position
+    key_pos = torch.arange(j)[None, :]
+    hf_causal = sliding_window_causal_mask_function(w)(0, 0, query_pos, key_pos)
+    assert torch.equal(sliding_window_mask(i, (w - 1, 0), j=j), hf_causal)
+    hf_both = sliding_window_bidirectional_mask_function(w)(0, 0, query_pos, key_pos)
+    assert torch.equal(sliding_window_mask(i, w, j=j), hf_both.expand(i, j))
+
+
+def test_huge_sizes_are_clamped():
+    assert sliding_window_mask(5, 10**30).all()
+    assert sliding_window_mask(3, (10**30, None), j=5).all()
+    assert torch.equal(dilated_mask(5, 10**18, 10**18), torch.eye(5, dtype=torch.bool))
+    assert block_sparse_mask(torch.ones(1, 1, dtype=torch.bool), 10**12, 5).shape == (5, 5)
+    assert global_tokens_mask(4, 10**20, []).all()
+
+
+def test_is_causal_needs_a_square_mask():
+    with pytest.raises(ValueError, match=r"is_causal=True needs as many queries as keys here, got i=2 and j=5; .* window=\(left, 0\)"):
+        sliding_window_mask(2, 1, j=5, is_causal=True)
+
+
+@pytest.mark.parametrize("window", [1.5, True, "2", (1,), (1, 2, 3), None])
+def test_window_must_be_an_int_or_a_pair(window):
+    with pytest.raises(TypeError, match="window must be an int w"):
+        sliding_window_mask(5, window)
+
+
+def test_window_sides_must_be_non_negative_ints_or_none():
+    with pytest.raises(ValueError, match="window left must be >= 0, got -1"):
+        sliding_window_mask(5, (-1, 0))
+    with pytest.raises(TypeError, match="window right must be an int, got float"):
+        sliding_window_mask(5, (1, 0.5))
+
+
+@pytest.mark.parametrize("builder", [
+    lambda flag: sliding_window_mask(4, 1, is_causal=flag),
+    lambda flag: dilated_mask(4, 1, 2, is_causal=flag),
+    lambda flag: local_global_layout(4, 1, 1, is_causal=flag),
+])
+def test_bool_flags_must_be_bools(builder):
+    with pytest.raises(TypeError, match="is_causal must be a bool, got str"):
+        builder("yes")
+
+
+def test_bigbird_generator_must_be_a_cpu_generator():
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        bigbird_mask(4, 1, 0, 1, generator=3)
+
+
+@pytest.mark.parametrize("n", [1.0, "4", None])
+def test_sizes_must_be_ints(n):
+    with pytest.raises(TypeError, match="must be an int"):
+        sliding_window_mask(n, 1)
+
+
+def test_global_idx_must_be_integer_positions():
+    with pytest.raises(ValueError, match="global_idx must be a 1-D sequence of integer positions"):
+        global_tokens_mask(4, 1, [0.5])
+    with pytest.raises(TypeError, match="global_idx must be a 1-D sequence of integer positions"):
+        global_tokens_mask(4, 1, 3)
+
+
+def test_empty_patterns():
+    assert sliding_window_mask(0, 2).shape == (0, 0)
+    assert sliding_window_mask(0, 2, j=3).shape == (0, 3)
+    assert sliding_window_mask(3, 2, j=0).shape == (3, 0)
+    assert local_global_layout(0, 1, 0).shape == (0, 0)
+    assert block_sparse_mask(torch.zeros(0, 2, dtype=torch.bool), 4, (0, 5)).shape == (0, 5)
+
+
+def test_device_is_honoured():
+    meta = torch.device("meta")
+    for m in (sliding_window_mask(4, 1, device=meta), dilated_mask(4, 1, 2, device=meta),
+              global_tokens_mask(4, 1, [0], device=meta), local_global_layout(3, 1, 1, device=meta)):
+        assert m.device == meta
