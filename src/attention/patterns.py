@@ -26,7 +26,14 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_tensor
+from ._checks import (
+    check_bool,
+    check_device,
+    check_generator,
+    check_int,
+    check_size,
+    check_tensor,
+)
 
 __all__ = [
     "sliding_window_mask",
@@ -36,12 +43,6 @@ __all__ = [
     "block_sparse_mask",
     "local_global_layout",
 ]
-
-
-def _check_bool(name: str, flag) -> bool:
-    if not isinstance(flag, bool):
-        raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    return flag
 
 
 def _window_bounds(window, i: int, j: int) -> tuple[int, int]:
@@ -61,7 +62,7 @@ def _window_bounds(window, i: int, j: int) -> tuple[int, int]:
         )
     limit = max(i, j)
     left, right = (
-        limit if side is None else min(check_int(f"window {name}", side, minimum=0), limit)
+        limit if side is None else min(check_size(f"window {name}", side, minimum=0), limit)
         for name, side in zip(("left", "right"), sides, strict=True)
     )
     return left, right
@@ -116,8 +117,9 @@ def sliding_window_mask(
     """
     i = check_int("i", i, minimum=0)
     j = i if j is None else check_int("j", j, minimum=0)
+    device = check_device("device", device)
     left, right = _window_bounds(window, i, j)
-    left, right = _causal_bounds(left, right, _check_bool("is_causal", is_causal), i, j)
+    left, right = _causal_bounds(left, right, check_bool("is_causal", is_causal), i, j)
     off = _offsets(i, j, device)  # (i, j)
     return (off <= left) & (off >= -right)
 
@@ -146,9 +148,10 @@ def dilated_mask(
         [1, 0, 1, 0, 1]
     """
     n = check_int("n", n, minimum=0)
-    window = check_int("window", window, minimum=0)
-    dilation = check_int("dilation", dilation, minimum=1)
-    _check_bool("is_causal", is_causal)
+    window = check_size("window", window, minimum=0)
+    dilation = check_size("dilation", dilation)
+    check_bool("is_causal", is_causal)
+    device = check_device("device", device)
     # Beyond n, neither a larger window nor a larger stride reaches another key.
     dilation = min(dilation, max(n, 1))
     span = min(window * dilation, n)
@@ -253,13 +256,8 @@ def bigbird_mask(
         raise ValueError(f"num_random must be <= n={n}, got {num_random}")
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if generator is not None and generator.device.type != "cpu":
-        raise ValueError(
-            "generator must be a CPU generator (the random keys are drawn on the CPU so a seed "
-            f"means the same everywhere), got one on {generator.device}"
-        )
+    # the random keys are drawn on the CPU, so a seed means the same mask everywhere
+    check_generator(generator, torch.device("cpu"))
     if seed is not None:
         generator = torch.Generator().manual_seed(check_int("seed", seed))
     mask = global_tokens_mask(n, window, range(num_global), device=device)
@@ -358,11 +356,11 @@ def local_global_layout(
         [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1]]
     """
     num_blocks = check_int("num_blocks", num_blocks, minimum=0)
-    window = check_int("window", window, minimum=0)
+    window = check_size("window", window, minimum=0)
     num_global = check_int("num_global", num_global, minimum=0)
     if num_global > num_blocks:
         raise ValueError(f"num_global must be <= num_blocks={num_blocks}, got {num_global}")
-    _check_bool("is_causal", is_causal)
+    check_bool("is_causal", is_causal)
     layout = global_tokens_mask(num_blocks, window, range(num_global), device=device)
     if is_causal:
         layout = layout & torch.ones_like(layout).tril()

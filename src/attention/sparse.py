@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _sparse_cpu
-from ._checks import check_int
-from ._kernel_checks import prepare_attention
+from ._checks import check_same_device, check_size, validate_attention
+from ._core import default_scale, expand_kv_heads, masked_softmax
 from .patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
 
 __all__ = ["sliding_window_attention", "block_sparse_attention"]
@@ -33,6 +33,19 @@ __all__ = ["sliding_window_attention", "block_sparse_attention"]
 # Each step of a kernel works on as many blocks as keep its temporaries near this many
 # numbers: bounded peak memory, yet few and large steps, which a CPU runs fastest.
 _CHUNK_ELEMENTS = 1 << 23
+
+
+def _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    """The contract's boundary checks; returns q, k, v broadcast to one batch and the scale.
+
+    With ``enable_gqa`` every key/value head is repeated for its group of query heads.
+    """
+    scores_shape = validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    batch = scores_shape[:-2]  # (..., h)
+    if enable_gqa:
+        key, value = expand_kv_heads(key, batch[-1]), expand_kv_heads(value, batch[-1])
+    query, key, value = (t.expand(*batch, *t.shape[-2:]) for t in (query, key, value))
+    return query, key, value, default_scale(scale, query.shape[-1])
 
 
 def _blocks_per_step(elements_per_block: int, chunk_elements: int) -> int:
@@ -108,13 +121,7 @@ def _masked_tile_attention(q: Tensor, k: Tensor, v: Tensor, hide: Tensor | None,
         scores.masked_fill_(hide, float("-inf"))
     if bias is not None:
         hide = torch.isneginf(scores)  # a float mask can hide keys too
-    # Rows with no visible key get zero weights (their softmax would be 0/0).
-    dead = None if hide is None else hide.all(dim=-1, keepdim=True)
-    if dead is not None and bool(dead.any()):
-        scores.masked_fill_(dead, 0.0)
-        weights = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
-    else:
-        weights = torch.softmax(scores, dim=-1)  # (..., c, B, T)
+    weights = masked_softmax(scores)  # a row with no visible key gets zero weights
     if finite_values or hide is None:
         return weights @ v  # (..., c, B, e)
     terms = weights.unsqueeze(-1) * v.unsqueeze(-3)  # (..., c, B, T, e)
@@ -204,13 +211,12 @@ def sliding_window_attention(
         >>> sliding_window_attention(q, k, v, window=(1, 0)).flatten().tolist()  # causal
         [0.0, 0.5, 1.5, 2.5]
     """
-    query, key, value, scale = prepare_attention(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    query, key, value, scale = _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     i, j = query.shape[-2], key.shape[-2]
     left, right = _window_bounds(window, i, j)
     left, right = _causal_bounds(left, right, is_causal, i, j)
     if block_size is not None:
-        block_size = check_int("block_size", block_size, minimum=1)
+        block_size = check_size("block_size", block_size)
     if i == 0 or j == 0:
         return _empty_output(query, value)
     if query.device.type == "meta":  # shapes only
@@ -345,15 +351,12 @@ def block_sparse_attention(
         >>> block_sparse_attention(q, k, v, layout=eye, block_size=2).flatten().tolist()
         [0.5, 0.5, 2.5, 2.5]
     """
-    query, key, value, scale = prepare_attention(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    query, key, value, scale = _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     _check_layout(layout)
-    B = check_int("block_size", block_size, minimum=1)
+    B = check_size("block_size", block_size)
     i, j = query.shape[-2], key.shape[-2]
     _check_layout_fits(layout, B, i, j)
-    if layout.device != query.device:
-        raise ValueError(
-            f"layout must be on the inputs' device {query.device}, got {layout.device}")
+    check_same_device(query=query, layout=layout)
     if i == 0 or j == 0:
         return _empty_output(query, value)
     if query.device.type == "meta":  # shapes only
