@@ -27,17 +27,9 @@ from .approximate import (  # chapter 11
     lsh_buckets,
 )
 from .cross_attention import CrossAttention  # chapter 08
+from .feature_maps import random_feature_map  # chapter 10
 from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
-from .linear import (  # chapter 10
-    elu_feature_map,
-    linear_attention,
-    linear_attention_naive,
-    linear_attention_step,
-    linear_attention_weights,
-    performer_feature_map,
-    random_feature_map,
-    relu_feature_map,
-)
+from .linear import linear_attention, linear_attention_step, linear_attention_weights  # chapter 10
 from .masks import (  # chapter 04
     causal_mask,
     combine_masks,
@@ -168,14 +160,10 @@ __all__ = [
     "MultiDimensionalAttention",
     "soft_alignment",
     "soft_attention",
-    "elu_feature_map",
     "linear_attention",
-    "linear_attention_naive",
     "linear_attention_step",
     "linear_attention_weights",
-    "performer_feature_map",
     "random_feature_map",
-    "relu_feature_map",
     "block_sparse_attention",
     "local_global_layout",
     "sliding_window_attention",
