@@ -20,12 +20,7 @@ from .alignment import (  # chapter 09
     soft_alignment,
     soft_attention,
 )
-from .approximate import (  # chapter 11
-    linformer_attention,
-    linformer_projection,
-    lsh_attention,
-    lsh_buckets,
-)
+from .approximate import linformer_attention, lsh_attention  # chapter 11
 from .cross_attention import CrossAttention  # chapter 08
 from .feature_maps import random_feature_map  # chapter 10
 from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
@@ -168,9 +163,7 @@ __all__ = [
     "local_global_layout",
     "sliding_window_attention",
     "linformer_attention",
-    "linformer_projection",
     "lsh_attention",
-    "lsh_buckets",
     "online_softmax",
     "online_softmax_blocked",
     "tiled_attention",

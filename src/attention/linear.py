@@ -60,6 +60,7 @@ from ._checks import (
 )
 from ._core import expand_kv_heads, top_left_causal
 from .feature_maps import FeatureMap, _RandomFeatures, elu_feature_map, relu_feature_map
+from .sparse import _matmul_skipping
 
 __all__ = ["linear_attention", "linear_attention_weights", "linear_attention_step"]
 
@@ -193,19 +194,6 @@ def linear_attention_weights(
                             scale, enable_gqa, feature_map, eps, weights_only=True)
     key, _ = _group_heads(query, key, None, enable_gqa)
     return _naive_weights(*_features(feature_map, query, key), is_causal, eps)
-
-
-def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None) -> Tensor:
-    """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a NaN value.
-
-    A zero weight times an infinite or NaN value is NaN, so a future value would reach
-    earlier queries through the matmul; written out as a masked sum it cannot. (Only
-    taken when ``value`` holds such numbers.)
-    """
-    if hidden is None or bool(torch.isfinite(value).all()):
-        return weights @ value
-    terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
-    return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)
 
 
 def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float) -> Tensor:

@@ -122,10 +122,7 @@ def _masked_tile_attention(q: Tensor, k: Tensor, v: Tensor, hide: Tensor | None,
     if bias is not None:
         hide = torch.isneginf(scores)  # a float mask can hide keys too
     weights = masked_softmax(scores)  # a row with no visible key gets zero weights
-    if finite_values or hide is None:
-        return weights @ v  # (..., c, B, e)
-    terms = weights.unsqueeze(-1) * v.unsqueeze(-3)  # (..., c, B, T, e)
-    return terms.masked_fill(hide.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., c, B, e)
+    return _matmul_skipping(weights, v, hide, finite_values)  # (..., c, B, e)
 
 
 def _band_tile_attention(q: Tensor, k: Tensor, v: Tensor, band_bias: Tensor, outside_band: Tensor,
@@ -142,10 +139,22 @@ def _band_tile_attention(q: Tensor, k: Tensor, v: Tensor, band_bias: Tensor, out
     if bool(scores.sum().isnan()):  # rare: a non-finite input, or a visible NaN
         scores.masked_fill_(outside_band, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (..., c, B, T)
-    if finite_values:
-        return weights @ v  # (..., c, B, e)
-    terms = weights.unsqueeze(-1) * v.unsqueeze(-3)  # (..., c, B, T, e)
-    return terms.masked_fill(outside_band.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., c, B, e)
+    return _matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
+
+
+def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
+                     finite: bool | None = None) -> Tensor:
+    """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a NaN value.
+
+    A zero weight times an infinite or NaN value is NaN, so a future value would reach
+    earlier queries through the matmul; written out as a masked sum it cannot. (Only
+    taken when ``value`` holds such numbers; ``finite`` says so when already known.)
+    Shared by the sparse, linear and LSH kernels.
+    """
+    if hidden is None or (finite if finite is not None else bool(torch.isfinite(value).all())):
+        return weights @ value
+    terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
+    return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)
 
 
 def _all_finite(*tensors: Tensor) -> bool:
