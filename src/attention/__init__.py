@@ -23,6 +23,12 @@ from .alignment import (  # chapter 09
 from .approximate import linformer_attention, lsh_attention  # chapter 11
 from .cross_attention import CrossAttention  # chapter 08
 from .feature_maps import random_feature_map  # chapter 10
+from .head_stats import (  # chapter 15
+    attention_share,
+    head_diversity,
+    mean_attention_entropy,
+    sink_share,
+)
 from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
 from .linear import linear_attention, linear_attention_step, linear_attention_weights  # chapter 10
 from .masks import (  # chapter 04
@@ -44,18 +50,9 @@ from .patterns import (  # chapter 11
 )
 from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
 from .pretrained import (  # chapter 15
-    AttentionTrace,
-    attention_share,
-    head_distances,
-    head_diversity,
     load_minilm,
-    mean_attention_entropy,
     minilm_attention_layer,
     minilm_attention_weights,
-    minilm_model_dir,
-    sink_share,
-    token_position,
-    top_heads,
     trace_attention,
 )
 from .scaled_dot_product import attention_weights, scaled_dot_product_attention  # chapter 01-04
@@ -168,16 +165,11 @@ __all__ = [
     "online_softmax_blocked",
     "tiled_attention",
     "attention_share",
-    "AttentionTrace",
-    "head_distances",
     "head_diversity",
     "load_minilm",
     "mean_attention_entropy",
     "minilm_attention_layer",
     "minilm_attention_weights",
-    "minilm_model_dir",
     "sink_share",
-    "token_position",
-    "top_heads",
     "trace_attention",
 ]
