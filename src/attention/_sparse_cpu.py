@@ -258,20 +258,20 @@ def _attend_runs(
         if not pieces:  # rows that attend to nothing are zero, as in the reference
             dst.zero_()
         elif inplace:  # dst holds pieces[0] already
-            lse = pieces[0][1]
-            for n, (o_n, l_n) in enumerate(pieces[1:], start=2):
-                dst.lerp_(o_n, torch.sigmoid(l_n - lse).unsqueeze_(-1))
-                if n < len(pieces):
-                    lse = torch.logaddexp(lse, l_n)
+            _merge_into(dst, pieces[0][1], pieces[1:])
         elif len(pieces) == 1:
             dst.copy_(pieces[0][0])
         else:
             (o1, l1), (o2, l2) = pieces[:2]
             torch.lerp(o1, o2, torch.sigmoid(l2 - l1).unsqueeze_(-1), out=dst)
-            lse = torch.logaddexp(l1, l2) if len(pieces) > 2 else None
-            for n, (o_n, l_n) in enumerate(pieces[2:], start=3):
-                dst.lerp_(o_n, torch.sigmoid(l_n - lse).unsqueeze_(-1))
-                if n < len(pieces):
-                    lse = torch.logaddexp(lse, l_n)
+            _merge_into(dst, torch.logaddexp(l1, l2) if len(pieces) > 2 else None, pieces[2:])
         r = end
     return out.reshape(*batch, i, e)
+
+
+def _merge_into(dst: Tensor, lse: Tensor | None, rest: list[tuple[Tensor, Tensor]]) -> None:
+    """Fold the partial results ``(o_n, l_n)`` of ``rest`` into ``dst``, whose log-sum-exp is ``lse``."""
+    for n, (o_n, l_n) in enumerate(rest, start=1):
+        dst.lerp_(o_n, torch.sigmoid(l_n - lse).unsqueeze_(-1))
+        if n < len(rest):
+            lse = torch.logaddexp(lse, l_n)

@@ -34,7 +34,6 @@ from ._checks import (
     check_generator,
     check_int,
     check_same_device,
-    check_same_dtype,
     check_size,
     check_tensor,
     validate_attention,
@@ -108,19 +107,11 @@ def _chunks_with_look_back(x: Tensor, fill: float | int | bool) -> Tensor:
 
 
 def lsh_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    num_buckets: int,
-    num_hashes: int = 1,
-    chunk_size: int,
-    generator: torch.Generator | None = None,
-    normalize_keys: bool = False,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False,
+    num_buckets: int, num_hashes: int = 1, chunk_size: int,
+    generator: torch.Generator | None = None, normalize_keys: bool = False,
 ) -> Tensor:
     r"""Reformer's LSH attention with shared queries and keys {cite}`kitaev2020reformer`.
 
@@ -290,16 +281,10 @@ def linformer_projection(
 
 
 def linformer_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    key_projection: Tensor,
-    value_projection: Tensor,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False,
+    key_projection: Tensor, value_projection: Tensor,
 ) -> Tensor:
     r"""Linformer attention :math:`\operatorname{softmax}(Q (E K)^\top s)\,(F V)` {cite}`wang2020linformer`.
 
@@ -340,19 +325,14 @@ def linformer_attention(
         )
     E, F = key_projection, value_projection
     for name, t in (("key_projection", E), ("value_projection", F)):
-        check_tensor(name, t, floating=True, min_dim=2)
+        check_tensor(name, t, floating=True, min_dim=2, dtype=query.dtype)
         if t.shape[-1] != key.shape[-2]:
-            raise ValueError(
-                f"{name} must have shape (..., k, n) with n = {key.shape[-2]} key positions, "
-                f"got {tuple(t.shape)}"
-            )
-    check_same_dtype(query=query, key_projection=E, value_projection=F)
-    check_same_device(query=query, key_projection=E, value_projection=F)
+            raise ValueError(f"{name} must have shape (..., k, n) with n = {key.shape[-2]} key "
+                             f"positions, got {tuple(t.shape)}")
     if E.shape[-2] != F.shape[-2]:
-        raise ValueError(
-            "key_projection and value_projection must project to the same k, "
-            f"got {E.shape[-2]} and {F.shape[-2]}"
-        )
+        raise ValueError("key_projection and value_projection must project to the same k, "
+                         f"got {E.shape[-2]} and {F.shape[-2]}")
+    check_same_device(query=query, key_projection=E, value_projection=F)
     broadcast_shapes("the batch dims of key and key_projection", key.shape[:-2], E.shape[:-2])
     broadcast_shapes("the batch dims of value and value_projection", value.shape[:-2],
                      F.shape[:-2])

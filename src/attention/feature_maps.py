@@ -52,7 +52,7 @@ def relu_feature_map(x: Tensor) -> Tensor:
         x: ``(..., d)``.
 
     Returns:
-        ``(..., d)`` (here ``f = d``).
+        ``(..., d)``, zero wherever ``x <= 0`` (here ``f = d``).
 
     Example:
         >>> relu_feature_map(torch.tensor([-1.0, 0.0, 2.0])).tolist()

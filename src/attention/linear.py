@@ -154,15 +154,9 @@ def _expand_batch(*tensors: Tensor) -> list[Tensor]:
 
 
 def linear_attention_weights(
-    query: Tensor,
-    key: Tensor,
-    *,
-    attn_mask: None = None,
-    is_causal: bool = False,
-    scale: None = None,
-    enable_gqa: bool = False,
-    feature_map: FeatureMap | None = None,
-    eps: float = 1e-6,
+    query: Tensor, key: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None, eps: float = 1e-6,
 ) -> Tensor:
     r"""The ``(..., h, i, j)`` weights of linear attention, built explicitly (for plots and tests).
 
@@ -178,9 +172,7 @@ def linear_attention_weights(
         is_causal: top-left causal pattern, query ``q`` sees keys ``k <= q``.
         scale: must be None.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
-        feature_map: non-negative map ``(..., d) -> (..., f)``; default
-            :func:`elu_feature_map`.
-        eps: added to the denominator, ``>= 0``.
+        feature_map, eps: as in :func:`linear_attention`.
 
     Returns:
         ``(..., h, i, j)`` non-negative weights.
@@ -205,16 +197,9 @@ def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float) ->
 
 
 def linear_attention_naive(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: None = None,
-    is_causal: bool = False,
-    scale: None = None,
-    enable_gqa: bool = False,
-    feature_map: FeatureMap | None = None,
-    eps: float = 1e-6,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None, eps: float = 1e-6,
 ) -> Tensor:
     r"""Linear attention the quadratic way: build the weights, then multiply the values.
 
@@ -292,17 +277,9 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
 
 
 def linear_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: None = None,
-    is_causal: bool = False,
-    scale: None = None,
-    enable_gqa: bool = False,
-    feature_map: FeatureMap | None = None,
-    chunk_size: int = 64,
-    eps: float = 1e-6,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None, chunk_size: int = 64, eps: float = 1e-6,
 ) -> Tensor:
     r"""Linear attention in linear time: :math:`o_i = \varphi(q_i)^\top S / (\varphi(q_i)^\top z + \varepsilon)`.
 
@@ -320,9 +297,8 @@ def linear_attention(
     the sequence is cut to it).
 
     Args:
-        query: ``(..., h, i, d)``.
-        key: ``(..., h_kv, j, d)``.
-        value: ``(..., h_kv, j, e)``. Leading dims broadcast.
+        query: ``(..., h, i, d)``; key ``(..., h_kv, j, d)``; value ``(..., h_kv, j, e)``;
+            their leading dims broadcast.
         attn_mask: must be None: linear attention cannot apply a mask (module docstring).
         is_causal: top-left causal pattern.
         scale: must be None: the feature map sets the similarity.

@@ -80,6 +80,14 @@ def _causal_bounds(left: int, right: int, is_causal: bool, i: int, j: int) -> tu
     return left, 0
 
 
+def _count_at_most(name: str, value, limit: int, limit_name: str) -> int:
+    """A count in ``[0, limit]``."""
+    value = check_int(name, value, minimum=0)
+    if value > limit:
+        raise ValueError(f"{name} must be <= {limit_name}={limit}, got {value}")
+    return value
+
+
 def _offsets(i: int, j: int, device) -> Tensor:
     """``(i, j)`` matrix of ``p - k``: query position (bottom-right aligned) minus key position."""
     query_pos = torch.arange(j - i, j, device=device)  # (i,)
@@ -248,12 +256,8 @@ def bigbird_mask(
         (6, True)
     """
     n = check_int("n", n, minimum=0)
-    num_global = check_int("num_global", num_global, minimum=0)
-    num_random = check_int("num_random", num_random, minimum=0)
-    if num_global > n:
-        raise ValueError(f"num_global must be <= n={n}, got {num_global}")
-    if num_random > n:
-        raise ValueError(f"num_random must be <= n={n}, got {num_random}")
+    num_global = _count_at_most("num_global", num_global, n, "n")
+    num_random = _count_at_most("num_random", num_random, n, "n")
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
     # the random keys are drawn on the CPU, so a seed means the same mask everywhere
@@ -357,9 +361,7 @@ def local_global_layout(
     """
     num_blocks = check_int("num_blocks", num_blocks, minimum=0)
     window = check_size("window", window, minimum=0)
-    num_global = check_int("num_global", num_global, minimum=0)
-    if num_global > num_blocks:
-        raise ValueError(f"num_global must be <= num_blocks={num_blocks}, got {num_global}")
+    num_global = _count_at_most("num_global", num_global, num_blocks, "num_blocks")
     check_bool("is_causal", is_causal)
     layout = global_tokens_mask(num_blocks, window, range(num_global), device=device)
     if is_causal:

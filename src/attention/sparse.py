@@ -59,9 +59,17 @@ def _pad_positions(x: Tensor, before: int, after: int) -> Tensor:
     return F.pad(x, (0, 0, before, after))
 
 
-def _empty_output(query: Tensor, value: Tensor) -> Tensor:
-    """``(..., i, e)`` zeros for ``i = 0`` or ``j = 0``, kept in the autograd graph (as torch)."""
-    return query[..., :0].sum(-1, keepdim=True) + value[..., :0, :].sum(-2, keepdim=True)
+def _trivial_output(query: Tensor, key: Tensor, value: Tensor) -> Tensor | None:
+    """The output when there is nothing to compute, else None.
+
+    ``i = 0`` or ``j = 0``: ``(..., i, e)`` zeros, as torch gives, kept in the autograd
+    graph. On the meta device: an empty tensor of the output's shape.
+    """
+    if query.shape[-2] == 0 or key.shape[-2] == 0:
+        return query[..., :0].sum(-1, keepdim=True) + value[..., :0, :].sum(-2, keepdim=True)
+    if query.device.type == "meta":  # shapes only
+        return query.new_empty(*query.shape[:-1], value.shape[-1])
+    return None
 
 
 def _gather_mask(mask: Tensor, i: int, j: int, rows: Tensor, cols: Tensor) -> Tensor:
@@ -162,16 +170,9 @@ def _all_finite(*tensors: Tensor) -> bool:
 
 
 def sliding_window_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    window,
-    block_size: int | None = None,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: Tensor | None = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False, window, block_size: int | None = None,
 ) -> Tensor:
     r"""Local attention in :math:`O(n \cdot w)` time and memory, equal to dense attention + band mask.
 
@@ -195,9 +196,8 @@ def sliding_window_attention(
     clamped (a window of ``10**9`` is the whole sequence, not a huge tile).
 
     Args:
-        query: ``(..., h, i, d)``.
-        key: ``(..., h_kv, j, d)``.
-        value: ``(..., h_kv, j, e)``. Leading dims broadcast.
+        query, key, value: ``(..., h, i, d)``, ``(..., h_kv, j, d)``, ``(..., h_kv, j, e)``;
+            leading dims broadcast.
         attn_mask: boolean (**True = may attend**) or float (added to the scores),
             broadcastable to ``(..., h, i, j)``; combined with the window. Not together
             with ``is_causal``.
@@ -226,10 +226,9 @@ def sliding_window_attention(
     left, right = _causal_bounds(left, right, is_causal, i, j)
     if block_size is not None:
         block_size = check_size("block_size", block_size)
-    if i == 0 or j == 0:
-        return _empty_output(query, value)
-    if query.device.type == "meta":  # shapes only
-        return query.new_empty(*query.shape[:-1], value.shape[-1])
+    trivial = _trivial_output(query, key, value)
+    if trivial is not None:
+        return trivial
     # Bounds past the first or last key reach nothing more: clamp them (same result).
     left, right = min(left, j - 1), min(right, i - 1)
     B = min(i, block_size if block_size is not None else max(left, right, 32))
@@ -296,16 +295,9 @@ def _sliding_window(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
 
 
 def block_sparse_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    attn_mask: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    layout: Tensor,
-    block_size: int,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: Tensor | None = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False, layout: Tensor, block_size: int,
 ) -> Tensor:
     r"""Attention computed only on the kept ``(query block, key block)`` tiles.
 
@@ -331,9 +323,8 @@ def block_sparse_attention(
     ``attention._sparse_cpu``.
 
     Args:
-        query: ``(..., h, i, d)``.
-        key: ``(..., h_kv, j, d)``.
-        value: ``(..., h_kv, j, e)``. Leading dims broadcast.
+        query, key, value: ``(..., h, i, d)``, ``(..., h_kv, j, d)`` and
+            ``(..., h_kv, j, e)``, leading dims broadcasting.
         attn_mask: boolean (**True = may attend**) or float (added to the scores),
             broadcastable to ``(..., h, i, j)``; combined with the layout. Not together
             with ``is_causal``.
@@ -366,10 +357,9 @@ def block_sparse_attention(
     i, j = query.shape[-2], key.shape[-2]
     _check_layout_fits(layout, B, i, j)
     check_same_device(query=query, layout=layout)
-    if i == 0 or j == 0:
-        return _empty_output(query, value)
-    if query.device.type == "meta":  # shapes only
-        return query.new_empty(*query.shape[:-1], value.shape[-1])
+    trivial = _trivial_output(query, key, value)
+    if trivial is not None:
+        return trivial
     B = min(B, max(i, j))  # one block either way: the same partition, no huge padding
     if attn_mask is None and not is_causal:
         out = _sparse_cpu.block_sparse_runs(query, key, value, layout, B, scale)
