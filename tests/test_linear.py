@@ -496,3 +496,20 @@ def test_options_are_keyword_only():
     q, k, v = qkv(4)
     with pytest.raises(TypeError):
         linear_attention(q, k, v, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_zero_normaliser_in_half_precision_gives_zeros(dtype):
+    # 0 / (0 + eps) must stay 0 even where 1 / eps overflows the dtype
+    q, k, v = (t.to(dtype) for t in qkv(5, d=0))
+    for causal in (False, True):
+        out = linear_attention(q, k, v, is_causal=causal, chunk_size=2)
+        assert (out == 0).all()
+
+
+def test_eps_is_a_real_number_of_any_size():
+    q, k, v = qkv(4)
+    torch.testing.assert_close(linear_attention(q, k, v, eps=10**30),
+                               linear_attention(q, k, v, eps=1e30))
+    with pytest.raises(ValueError, match="eps must be >= 0, got nan"):
+        linear_attention(q, k, v, eps=float("nan"))

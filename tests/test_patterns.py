@@ -257,3 +257,23 @@ def test_device_is_honoured():
     for m in (sliding_window_mask(4, 1, device=meta), dilated_mask(4, 1, 2, device=meta),
               global_tokens_mask(4, 1, [0], device=meta), local_global_layout(3, 1, 1, device=meta)):
         assert m.device == meta
+
+
+def test_bad_devices_are_refused():
+    with pytest.raises(ValueError, match="device is not a valid device: 'nowhere'"):
+        sliding_window_mask(4, 1, device="nowhere")
+    with pytest.raises(TypeError, match="device must be a torch.device"):
+        dilated_mask(4, 1, 2, device=1.5)
+
+
+def test_masks_that_cannot_fit_are_refused_before_building():
+    with pytest.raises(ValueError, match=r"an \(1000000000000000000000000000000, 3\) mask does not fit"):
+        sliding_window_mask(10**30, 1, j=3)
+    with pytest.raises(ValueError, match="mask does not fit in memory"):
+        block_sparse_mask(torch.ones(2, 2, dtype=torch.bool), 10**20)
+
+
+def test_bigbird_seed_must_fit_in_64_bits():
+    assert torch.equal(bigbird_mask(6, 1, 1, 2, seed=-1), bigbird_mask(6, 1, 1, 2, seed=-1))
+    with pytest.raises(ValueError, match="seed must fit in 64 bits"):
+        bigbird_mask(6, 1, 1, 2, seed=2**64)

@@ -473,3 +473,35 @@ def test_pad_positions_does_not_copy_without_padding():
     x = torch.randn(2, 8, 3)
     assert sparse_module._pad_positions(x, 0, 0) is x
     assert sparse_module._pad_positions(x, 1, 2).shape == (2, 11, 3)
+
+
+@pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
+def test_value_and_attn_mask_are_checked(kernel):
+    q, k, v = qkv(5, grad=False)
+    with pytest.raises(TypeError, match="value must be a torch.Tensor, got NoneType"):
+        kernel(q, k, None)
+    with pytest.raises(ValueError, match="attn_mask"):
+        kernel(q, k, v, attn_mask=torch.ones(5, 5, dtype=torch.bool, device="meta"))
+    with pytest.raises(TypeError, match="attn_mask must be boolean"):
+        kernel(q, k, v, attn_mask=torch.ones(5, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
+def test_meta_inputs_give_the_output_shape(kernel):
+    q, k, v = (t.to("meta") for t in qkv(5, grad=False))
+    assert kernel(q, k, v).shape == (2, 3, 5, 5) and kernel(q, k, v).device.type == "meta"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_matches_torch(dtype):
+    q, k, v = (t.to(dtype) for t in qkv(40, batch=(1, 2), grad=False))
+    mask = sliding_window_mask(40, (5, 2))
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    out = sliding_window_attention(q, k, v, window=(5, 2), block_size=8)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    layout = local_global_layout(5, 1, 1)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                         attn_mask=block_sparse_mask(layout, 8, 40))
+    out = block_sparse_attention(q, k, v, layout=layout, block_size=8)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

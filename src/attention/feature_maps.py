@@ -133,6 +133,13 @@ def random_feature_map(
     check_bool("orthogonal", orthogonal)
     check_dtype("dtype", dtype, floating=True)
     scale = dim**-0.25 if scale is None else check_real("scale", scale)
+    try:  # the (d, f) projection must fit in memory: find out before drawing it
+        torch.empty(dim, num_features, dtype=dtype)
+    except (RuntimeError, OverflowError, TypeError):  # too large for memory, or for int64
+        raise ValueError(
+            f"a ({dim}, {num_features}) projection of {dtype} does not fit in memory; "
+            "ask for fewer num_features"
+        ) from None
     if orthogonal:
         blocks = []
         for _ in range(math.ceil(num_features / dim)):

@@ -179,6 +179,8 @@ def top_heads(share: Tensor, k: int = 5) -> list[tuple[int, int, float]]:
         [(0, 1, 0.75), (1, 0, 0.5)]
     """
     check_tensor("share", share, floating=True)
+    if share.device.type == "meta":
+        raise ValueError("share must hold values to rank, got a tensor on the meta device")
     if share.dim() != 2:
         raise ValueError(f"share must be a (num_layers, h) table, got shape {tuple(share.shape)}")
     k = check_size("k", k)

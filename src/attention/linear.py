@@ -68,7 +68,7 @@ __all__ = ["linear_attention", "linear_attention_weights", "linear_attention_ste
 # --------------------------------------------------------------------------- validation
 
 
-def _check_options(feature_map, eps) -> FeatureMap:
+def _check_options(feature_map, eps) -> tuple[FeatureMap, float]:
     if feature_map is None:
         feature_map = elu_feature_map
     if not callable(feature_map):
@@ -76,7 +76,7 @@ def _check_options(feature_map, eps) -> FeatureMap:
     eps = check_real("eps", eps)
     if not eps >= 0.0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    return feature_map
+    return feature_map, eps
 
 
 def _refuse_mask_and_scale(function: str, attn_mask, scale) -> None:
@@ -95,8 +95,8 @@ def _refuse_mask_and_scale(function: str, attn_mask, scale) -> None:
 
 
 def _validate(function: str, query, key, value, attn_mask, is_causal, scale, enable_gqa,
-              feature_map, eps, *, weights_only: bool = False) -> FeatureMap:
-    """The boundary checks of the sequence functions; returns the feature map to use."""
+              feature_map, eps, *, weights_only: bool = False) -> tuple[FeatureMap, float]:
+    """The boundary checks of the sequence functions; returns the feature map and eps to use."""
     if weights_only:
         validate_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
     else:
@@ -182,7 +182,7 @@ def linear_attention_weights(
         >>> [round(x, 4) for x in w[2].tolist()]  # equal features: the mean of the seen keys
         [0.3333, 0.3333, 0.3333]
     """
-    feature_map = _validate("linear_attention_weights", query, key, None, attn_mask, is_causal,
+    feature_map, eps = _validate("linear_attention_weights", query, key, None, attn_mask, is_causal,
                             scale, enable_gqa, feature_map, eps, weights_only=True)
     key, _ = _group_heads(query, key, None, enable_gqa)
     return _naive_weights(*_features(feature_map, query, key), is_causal, eps)
@@ -214,7 +214,7 @@ def linear_attention_naive(
         >>> [round(x, 4) for x in linear_attention_naive(q, k, v).flatten().tolist()]
         [1.0, 1.0, 1.0]
     """
-    feature_map = _validate("linear_attention_naive", query, key, value, attn_mask, is_causal,
+    feature_map, eps = _validate("linear_attention_naive", query, key, value, attn_mask, is_causal,
                             scale, enable_gqa, feature_map, eps)
     key, value = _group_heads(query, key, value, enable_gqa)
     weights = _naive_weights(*_features(feature_map, query, key), is_causal, eps)
@@ -273,7 +273,7 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
     num = num.add_(qc @ state)  # (..., n, c, e + 1)
 
     num = num.reshape(*batch, length, e + 1)[..., :i, :]  # (..., i, e + 1)
-    return num[..., :e] * (num[..., e:] + eps).reciprocal()  # (..., i, e)
+    return num[..., :e] / (num[..., e:] + eps)  # (..., i, e)
 
 
 def linear_attention(
@@ -319,7 +319,7 @@ def linear_attention(
         >>> torch.allclose(a, linear_attention_naive(q, k, v, is_causal=True), atol=1e-5)
         True
     """
-    feature_map = _validate("linear_attention", query, key, value, attn_mask, is_causal, scale,
+    feature_map, eps = _validate("linear_attention", query, key, value, attn_mask, is_causal, scale,
                             enable_gqa, feature_map, eps)
     chunk_size = check_size("chunk_size", chunk_size)
     key, value = _group_heads(query, key, value, enable_gqa)
@@ -386,7 +386,7 @@ def linear_attention_step(
         check_tensor("z", state[1], floating=True, min_dim=1)
         check_same_dtype(query=query, S=state[0], z=state[1])
         check_same_device(query=query, S=state[0], z=state[1])
-    feature_map = _check_options(feature_map, eps)
+    feature_map, eps = _check_options(feature_map, eps)
 
     phi_q, phi_k = _features(feature_map, query.unsqueeze(-2), key.unsqueeze(-2))
     phi_q, phi_k = phi_q.squeeze(-2), phi_k.squeeze(-2)  # (..., f)

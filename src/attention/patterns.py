@@ -80,6 +80,14 @@ def _causal_bounds(left: int, right: int, is_causal: bool, i: int, j: int) -> tu
     return left, 0
 
 
+def _room_for(i: int, j: int, device) -> None:
+    """An ``(i, j)`` boolean mask must fit in memory: find out before building it."""
+    try:
+        torch.empty(i, j, dtype=torch.bool, device=device)
+    except (RuntimeError, OverflowError, TypeError):  # too large for memory, or for int64
+        raise ValueError(f"an ({i}, {j}) mask does not fit in memory") from None
+
+
 def _count_at_most(name: str, value, limit: int, limit_name: str) -> int:
     """A count in ``[0, limit]``."""
     value = check_int(name, value, minimum=0)
@@ -128,6 +136,7 @@ def sliding_window_mask(
     device = check_device("device", device)
     left, right = _window_bounds(window, i, j)
     left, right = _causal_bounds(left, right, check_bool("is_causal", is_causal), i, j)
+    _room_for(i, j, device)
     off = _offsets(i, j, device)  # (i, j)
     return (off <= left) & (off >= -right)
 
@@ -160,6 +169,7 @@ def dilated_mask(
     dilation = check_size("dilation", dilation)
     check_bool("is_causal", is_causal)
     device = check_device("device", device)
+    _room_for(n, n, device)
     # Beyond n, neither a larger window nor a larger stride reaches another key.
     dilation = min(dilation, max(n, 1))
     span = min(window * dilation, n)
@@ -263,7 +273,10 @@ def bigbird_mask(
     # the random keys are drawn on the CPU, so a seed means the same mask everywhere
     check_generator(generator, torch.device("cpu"))
     if seed is not None:
-        generator = torch.Generator().manual_seed(check_int("seed", seed))
+        seed = check_int("seed", seed, minimum=-(2**63))
+        if seed >= 2**64:
+            raise ValueError(f"seed must fit in 64 bits, in [-2**63, 2**64), got {seed}")
+        generator = torch.Generator().manual_seed(seed)
     mask = global_tokens_mask(n, window, range(num_global), device=device)
     if num_random:
         # a uniformly random subset per row: the indices of the num_random smallest of
@@ -331,6 +344,8 @@ def block_sparse_mask(
     else:
         i = j = check_int("n", n, minimum=0)
     _check_layout_fits(layout, block_size, i, j)
+    _room_for(i, j, layout.device)
+    block_size = min(block_size, max(i, j, 1))  # the same blocks: each is the whole length
     query_block = torch.arange(i, device=layout.device) // block_size  # (i,)
     key_block = torch.arange(j, device=layout.device) // block_size  # (j,)
     return layout[query_block[:, None], key_block[None, :]]  # (i, j)
