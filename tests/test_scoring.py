@@ -7,11 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import (
+from attention import AdditiveAttention, AdditiveScore, GeneralScore
+from attention.scoring import (
     ACTIVATIONS,
-    AdditiveAttention,
-    AdditiveScore,
-    GeneralScore,
     additive_scores,
     cosine_scores,
     dot_scores,
@@ -154,7 +152,7 @@ def test_gradcheck_additive_attention():
     names = [n for n, _ in attn.named_parameters()]
 
     def f(q, k, v, *ps):
-        return torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v, mask))
+        return torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v), {"attn_mask": mask})
 
     ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
     assert torch.autograd.gradcheck(f, (q, k, v, *ps))
@@ -248,7 +246,7 @@ def test_additive_attention_rejects_wrong_value_size():
 
 
 def test_additive_attention_rejects_key_value_length_mismatch():
-    with pytest.raises(ValueError, match=r"key and value must have the same number of positions j, got 6 and 5"):
+    with pytest.raises(ValueError, match=r"value must have one row per key position: j = 6, got 5 rows"):
         AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 5, 2))
 
 
@@ -265,7 +263,7 @@ def test_parameter_free_scores_reject_different_sizes():
 
 
 def test_functional_additive_rejects_hidden_mismatch():
-    with pytest.raises(ValueError, match=r"w_query and w_key must project to the same hidden size h, got 4 and 5"):
+    with pytest.raises(ValueError, match=r"w_query and w_key must project to the same hidden size a, got 4 and 5"):
         additive_scores(torch.randn(2, 3), torch.randn(2, 3), torch.randn(4, 3), torch.randn(5, 3),
                         torch.randn(4))
 
@@ -273,3 +271,53 @@ def test_functional_additive_rejects_hidden_mismatch():
 def test_bad_sizes_in_constructor():
     with pytest.raises(ValueError, match=r"d_hidden must be >= 1, got 0"):
         AdditiveScore(3, 5, 0)
+
+
+# ---------------------------------------------------------------- one test per class of bad input
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: dot_scores(torch.randn(2, 3, 4), torch.randn(3, 5, 4)), ValueError,
+         r"batch dims of query and key must broadcast .* got \(2,\) and \(3,\)"),
+        (lambda: GeneralScore(3, 3)(torch.randn(2, 3, dtype=D64), torch.randn(2, 3, dtype=D64)),
+         TypeError, r"query must have the dtype of weight \(torch.float32\), got torch.float64"),
+        (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3, dtype=D64), torch.randn(2, 4, 3, dtype=D64)),
+         TypeError, r"the dtype of the module's parameters \(torch.float32\)"),
+        (lambda: dot_scores(torch.randn(2, 3), torch.randn(2, 3, device="meta")), ValueError,
+         "query and key must be on the same device, got cpu and meta"),
+        (lambda: scaled_dot_scores(torch.randn(2, 3), torch.randn(2, 3), scale=True), TypeError,
+         "scale must be a float or None, got bool"),
+        (lambda: cosine_scores(torch.randn(2, 3), torch.randn(2, 3), eps=0.0), ValueError,
+         "eps must be > 0, got 0.0"),
+        (lambda: get_activation(3), TypeError, "activation must be one of .* got int"),
+        (lambda: GeneralScore(3, 3, bias="no"), TypeError, "bias must be a bool"),
+        (lambda: general_scores(torch.randn(2, 3), torch.randn(2, 3), torch.eye(3), torch.zeros(2)),
+         ValueError, r"bias must have shape \(d_k,\) = \(3,\), got \(2,\)"),
+        (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3), torch.randn(2, 4, 3), torch.randn(2, 4, 2, dtype=D64)),
+         TypeError, "value must have the dtype of query"),
+        (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3), torch.randn(2, 4, 3),
+                                         attn_mask=torch.ones(2, 4, dtype=torch.bool, device="meta")),
+         ValueError, "query and attn_mask must be on the same device"),
+    ],
+)
+def test_bad_input_classes(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_scores_with_no_keys_and_d_zero():
+    assert dot_scores(torch.randn(2, 3, 4), torch.randn(2, 0, 4)).shape == (2, 3, 0)
+    assert torch.equal(scaled_dot_scores(torch.randn(3, 0), torch.randn(2, 0)), torch.zeros(3, 2))
+    context, weights = AdditiveAttention(3, 5, 2, d_hidden=4)(
+        torch.randn(2, 3), torch.randn(2, 0, 5), torch.randn(2, 0, 2))
+    assert torch.equal(context, torch.zeros(2, 2)) and weights.shape == (2, 0)
+
+
+def test_additive_attention_propagates_nan_from_a_key():
+    attn = AdditiveAttention(3, 5, 2, d_hidden=4)
+    k = torch.randn(2, 4, 5)
+    k[0, 1, 0] = float("nan")
+    context, weights = attn(torch.randn(2, 3), k, torch.randn(2, 4, 2))
+    assert context[0].isnan().all() and not context[1].isnan().any()

@@ -505,3 +505,23 @@ def test_half_precision_matches_torch(dtype):
                                          attn_mask=block_sparse_mask(layout, 8, 40))
     out = block_sparse_attention(q, k, v, layout=layout, block_size=8)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_a_float32_mask_works_with_any_query_dtype(dtype):
+    # torch's fused CPU kernel misreads a float32 mask with batch axes beside float64
+    # inputs; the kernels cast the mask to the query's dtype first
+    q, k, v = (t.to(dtype) for t in qkv(24, batch=(2, 3), grad=False))
+    mask = torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(0))
+    layout = local_global_layout(3, 0, 1)
+    kept = block_sparse_mask(layout, 8, 24)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                         attn_mask=mask.double().masked_fill(~kept, float("-inf")))
+    out = block_sparse_attention(q, k, v, layout=layout, block_size=8, attn_mask=mask)
+    tol = {} if dtype == torch.float64 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out.double(), ref, **tol)
+    window = sliding_window_mask(24, 3)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                         attn_mask=mask.double().masked_fill(~window, float("-inf")))
+    out = sliding_window_attention(q, k, v, window=3, attn_mask=mask)
+    torch.testing.assert_close(out.double(), ref, **tol)

@@ -1,7 +1,8 @@
 """Softmax, its logarithm and its Jacobian (taught in chapter 02).
 
 Shape legend used across the package: ``b`` batch, ``h`` heads, ``i`` query positions,
-``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` any softmax axis.
+``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length (here
+the length of the axis the softmax normalises over).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from torch import Tensor
 
 from ._checks import check_bool, check_dim, check_tensor
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_jacobian", "two_pass_softmax", "entropy"]
+# softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 12, are imported
+# from this module (``from attention.softmax import softmax_jacobian``).
+__all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
 
 
 def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
@@ -118,8 +121,12 @@ def two_pass_softmax(x: Tensor) -> Tensor:
 
     Returns:
         ``(..., n)`` weights, equal to :func:`softmax`.
+
+    Example:
+        >>> two_pass_softmax(torch.tensor([0.0, 0.0])).tolist()
+        [0.5, 0.5]
     """
-    check_tensor("x", x, floating=True)
+    check_tensor("x", x, floating=True, min_dim=1)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
     for k in range(n):  # phase 1, read 1: running maximum

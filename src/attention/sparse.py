@@ -36,16 +36,21 @@ _CHUNK_ELEMENTS = 1 << 23
 
 
 def _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa):
-    """The contract's boundary checks; returns q, k, v broadcast to one batch and the scale.
+    """The contract's boundary checks; returns q, k, v broadcast to one batch, the mask and
+    the scale.
 
-    With ``enable_gqa`` every key/value head is repeated for its group of query heads.
+    With ``enable_gqa`` every key/value head is repeated for its group of query heads. A
+    float mask is cast to the query's dtype (torch 2.13's fused CPU kernel misreads a
+    float32 mask with batch axes next to float64 inputs).
     """
     scores_shape = validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     batch = scores_shape[:-2]  # (..., h)
     if enable_gqa:
         key, value = expand_kv_heads(key, batch[-1]), expand_kv_heads(value, batch[-1])
     query, key, value = (t.expand(*batch, *t.shape[-2:]) for t in (query, key, value))
-    return query, key, value, default_scale(scale, query.shape[-1])
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.to(query.dtype)
+    return query, key, value, attn_mask, default_scale(scale, query.shape[-1])
 
 
 def _blocks_per_step(elements_per_block: int, chunk_elements: int) -> int:
@@ -220,7 +225,8 @@ def sliding_window_attention(
         >>> sliding_window_attention(q, k, v, window=(1, 0)).flatten().tolist()  # causal
         [0.0, 0.5, 1.5, 2.5]
     """
-    query, key, value, scale = _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    query, key, value, attn_mask, scale = _prepare(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa)
     i, j = query.shape[-2], key.shape[-2]
     left, right = _window_bounds(window, i, j)
     left, right = _causal_bounds(left, right, is_causal, i, j)
@@ -351,7 +357,8 @@ def block_sparse_attention(
         >>> block_sparse_attention(q, k, v, layout=eye, block_size=2).flatten().tolist()
         [0.5, 0.5, 2.5, 2.5]
     """
-    query, key, value, scale = _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    query, key, value, attn_mask, scale = _prepare(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa)
     _check_layout(layout)
     B = check_size("block_size", block_size)
     i, j = query.shape[-2], key.shape[-2]
