@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _sparse_cpu
-from ._checks import check_same_device, check_size, validate_attention
+from ._checks import broadcast_shapes, check_same_device, check_size, validate_attention
 from ._core import default_scale, expand_kv_heads, masked_softmax
 from .patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
 
@@ -96,9 +96,9 @@ def _fused_tile_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     attend) or float (added), broadcastable to ``(..., c, B, T)``; a row that sees no key
     is zero.
     """
-    lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    lead = broadcast_shapes("the tiles' batch dims", q.shape[:-3], k.shape[:-3], v.shape[:-3])
     if mask is not None:
-        lead = torch.broadcast_shapes(lead, mask.shape[:-3])
+        lead = broadcast_shapes("the tiles' batch dims", lead, mask.shape[:-3])
         mask = mask.expand(*lead, *mask.shape[-3:]).reshape(lead.numel(), *mask.shape[-3:])
     q, k, v = (t.expand(*lead, *t.shape[-3:]).reshape(lead.numel(), *t.shape[-3:])
                for t in (q, k, v))
