@@ -189,7 +189,7 @@ def _plan_from_runs(runs: list[tuple[int, int, int]], B: int, i: int,
 
 
 def _attend_runs(
-    query: Tensor, key: Tensor, value: Tensor, plan: tuple[tuple, ...], B: int, n_rows: int,
+    query: Tensor, key: Tensor, value: Tensor, plan: tuple[tuple, ...], B: int, num_rows: int,
     scale: float,
 ) -> Tensor:
     """Block-sparse attention from the calls of :func:`_run_plan`, merged exactly.
@@ -214,7 +214,7 @@ def _attend_runs(
 
     # 1. One kernel call per entry of the plan.
     results = []  # (o (z, p, e), l (z, p)) per call
-    parts: list[list[tuple[int, int]]] = [[] for _ in range(n_rows)]  # (call, offset) per block
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(num_rows)]  # (call, offset) per block
     for kind, *spec in plan:
         if kind == "shared":  # (z, 1, g*B, d) queries against one (z, 1, T, d) key slice
             rows, s, c = spec
@@ -242,12 +242,12 @@ def _attend_runs(
 
     # 2. Merge, a stretch of query blocks fed by the same calls at a time. A first call
     # that covers every query (a global column) already is the output buffer.
-    inplace = bool(plan) and plan[0][0] == "shared" and len(plan[0][1]) == n_rows
+    inplace = bool(plan) and plan[0][0] == "shared" and len(plan[0][1]) == num_rows
     out = results[0][0] if inplace else q.new_empty(z, i, e)
     r = 0
-    while r < n_rows:
+    while r < num_rows:
         end = r + 1
-        while end < n_rows and len(parts[end]) == len(parts[r]) and all(
+        while end < num_rows and len(parts[end]) == len(parts[r]) and all(
             b == (n, p + (end - r) * B) for (n, p), b in zip(parts[r], parts[end], strict=True)
         ):
             end += 1
