@@ -37,16 +37,18 @@ import os
 import sys
 from pathlib import Path
 
-# Idle OpenMP threads sleep instead of spinning, so a loaded machine distorts the
-# many-small-kernel contenders less (the same setting for every contender).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import set_omp_wait_policy  # noqa: E402
+
+# Passive: idle OpenMP threads sleep instead of spinning, so a loaded machine distorts the
+# many-small-kernel contenders less (the same setting for every contender); see
+# _common.set_omp_wait_policy. Chosen before torch loads.
+OMP_WAIT_POLICY = set_omp_wait_policy("passive")
 
 import torch  # noqa: E402
-import torch.nn.functional as F
-from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch.nn.functional as F  # noqa: E402
 from _common import interleaved_times, save_results, stamp  # noqa: E402
+from torch import nn  # noqa: E402
 
 from attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention  # noqa: E402
 
@@ -175,6 +177,7 @@ def main() -> None:
                 "mode": "forward, inference_mode",
                 "warmup": WARMUP + 1,
                 "repeat": REPEAT,
+                "omp_wait_policy": OMP_WAIT_POLICY,
             },
             "load_average": load,
             "torch_mha_fast_path": fast_path,

@@ -20,23 +20,22 @@ repeats the N = 8192 comparisons on one thread. Run with
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import set_omp_wait_policy  # noqa: E402
 
 # OpenMP's default wait policy (spin a while, then sleep), as a reader's session has it.
 # The other benchmarks ask for passive waiting, which steadies many-small-op code on a
 # loaded machine; here it cost the kernels that make several calls per run 10-30 % on a
 # quiet one (block-sparse time / (density x dense) at N = 2048: 1.32-1.71 passive,
-# 1.25-1.38 default, block 256), so this script keeps the default unless one is set.
-OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY", "default")
+# 1.25-1.38 default, block 256). Chosen before torch loads.
+OMP_WAIT_POLICY = set_omp_wait_policy("default")
 
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
 
 THREADS = int(os.environ.get("SPARSE_BENCH_THREADS", "2"))
@@ -94,7 +93,7 @@ def block_sparse_call(n: int, block: int = BLOCK):
 
     q, k, v = _inputs(n)
     layout = layout_for(n, block)
-    return lambda: block_sparse_attention(q, k, v, layout, block)
+    return lambda: block_sparse_attention(q, k, v, layout=layout, block_size=block)
 
 
 def block_diagonal_call(n: int, block: int):
@@ -102,7 +101,7 @@ def block_diagonal_call(n: int, block: int):
 
     q, k, v = _inputs(n)
     layout = torch.eye(n // block, dtype=torch.bool)
-    return lambda: block_sparse_attention(q, k, v, layout, block)
+    return lambda: block_sparse_attention(q, k, v, layout=layout, block_size=block)
 
 
 def dense_call(n: int):
@@ -110,40 +109,10 @@ def dense_call(n: int):
     return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
-_PROBE = """
-import importlib, json, sys, torch
-sys.path.insert(0, {here!r})
-torch.set_num_threads({threads})
-run = getattr(importlib.import_module("sparse"), {fn!r})(**json.loads({kwargs!r}))
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) / 1024
-with torch.inference_mode():
-    run()  # warm-up: one-off allocations (thread pools, kernels) happen here
-    before = status("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak-RSS high-water mark to the current RSS
-    run()
-print(status("VmHWM:") - before)
-"""
-
-
 def peak_mib(fn: str, **kwargs) -> float:
-    """Extra peak resident memory (MiB) of one call, in a fresh subprocess.
-
-    Like ``_common.peak_memory_mib`` but resets the kernel's high-water mark just before
-    the call (``/proc/self/clear_refs``), so the transient peak of importing torch cannot
-    hide a call that needs less than it; falls back to the common probe elsewhere.
-    """
-    code = _PROBE.format(here=str(Path(__file__).resolve().parent), threads=THREADS,
-                         fn=fn, kwargs=json.dumps(kwargs))
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True)
-        return max(float(out.stdout.strip().splitlines()[-1]), 0.0)
-    except (subprocess.CalledProcessError, ValueError, IndexError):
-        return peak_memory_mib(f"sparse:{fn}", **kwargs)
+    """Extra peak resident memory (MiB) of one call of ``fn(**kwargs)()``, in a fresh subprocess
+    with this run's thread count (the shared probe of ``_common``)."""
+    return peak_memory_mib(f"sparse:{fn}", threads=THREADS, **kwargs)
 
 
 def slope(ns, ys) -> float:

@@ -23,16 +23,15 @@ import os
 import sys
 from pathlib import Path
 
-# Shared machines: with the default (spinning) OpenMP wait policy, every parallel operation
-# can stall for a whole scheduler slice when one of its 2 threads is descheduled, which
-# penalises code made of many small operations (hundreds of ms at N = 256 under load).
-# Passive waiting measures the algorithms, not the scheduler. Set before torch loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import set_omp_wait_policy  # noqa: E402
+
+# Passive: many small operations (hundreds of ms at N = 256 under load with spinning
+# threads); see _common.set_omp_wait_policy. Chosen before torch loads.
+OMP_WAIT_POLICY = set_omp_wait_policy("passive")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
 
 from attention import scaled_dot_product_attention, tiled_attention  # noqa: E402
@@ -112,7 +111,7 @@ def main() -> None:
                 "block_size": BLOCK,
                 "is_causal": False,
                 "memory_threads": 1,
-                "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+                "omp_wait_policy": OMP_WAIT_POLICY,
             },
             "n": SIZES,
             "time_s": times,

@@ -9,13 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import (
-    linformer_attention,
-    linformer_projection,
-    lsh_attention,
-    lsh_buckets,
-    scaled_dot_product_attention,
-)
+from attention import linformer_attention, lsh_attention, scaled_dot_product_attention
+from attention.approximate import linformer_projection, lsh_buckets
 
 normalize = torch.nn.functional.normalize
 
@@ -33,15 +28,15 @@ def shared_qk_reference(x, v, *, is_causal=False, normalize_keys=False):
 
 
 @pytest.mark.parametrize("n", [1, 2, 37, 64])
-@pytest.mark.parametrize("n_hashes", [1, 3])
+@pytest.mark.parametrize("num_hashes", [1, 3])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("normalize_keys", [False, True])
-def test_lsh_with_one_bucket_and_one_chunk_is_full_attention(n, n_hashes, is_causal, normalize_keys):
+def test_lsh_with_one_bucket_and_one_chunk_is_full_attention(n, num_hashes, is_causal, normalize_keys):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64, requires_grad=True)
-    out = lsh_attention(x, v, n_buckets=1, n_hashes=n_hashes, chunk_size=n, is_causal=is_causal,
-                        normalize_keys=normalize_keys)
+    out = lsh_attention(x, x, v, num_buckets=1, num_hashes=num_hashes, chunk_size=n,
+                        is_causal=is_causal, normalize_keys=normalize_keys)
     ref = shared_qk_reference(x, v, is_causal=is_causal, normalize_keys=normalize_keys)
     torch.testing.assert_close(out, ref)
     go = torch.randn_like(ref)
@@ -49,10 +44,10 @@ def test_lsh_with_one_bucket_and_one_chunk_is_full_attention(n, n_hashes, is_cau
         torch.testing.assert_close(a, b)
 
 
-def naive_lsh(x, v, n_buckets, chunk_size, seed, is_causal, normalize_keys=True):
+def naive_lsh(x, v, num_buckets, chunk_size, seed, is_causal, normalize_keys=True):
     """The docstring's recipe, one query at a time (one hash round)."""
     n, d = x.shape
-    b = lsh_buckets(x, n_buckets, generator=torch.Generator().manual_seed(seed))[0]
+    b = lsh_buckets(x, num_buckets, generator=torch.Generator().manual_seed(seed))[0]
     order = sorted(range(n), key=lambda p: (int(b[p]), p))
     slot = {p: s for s, p in enumerate(order)}
     keys = normalize(x, dim=-1) if normalize_keys else x
@@ -67,25 +62,26 @@ def naive_lsh(x, v, n_buckets, chunk_size, seed, is_causal, normalize_keys=True)
     return out
 
 
-@pytest.mark.parametrize("n, n_buckets, chunk_size", [(37, 4, 5), (50, 8, 7), (16, 2, 16), (9, 2, 1)])
+@pytest.mark.parametrize("n, num_buckets, chunk_size", [(37, 4, 5), (50, 8, 7), (16, 2, 16), (9, 2, 1)])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_lsh_matches_naive_recipe(n, n_buckets, chunk_size, is_causal):
+def test_lsh_matches_naive_recipe(n, num_buckets, chunk_size, is_causal):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 6, generator=g, dtype=torch.float64)
     v = torch.randn(n, 3, generator=g, dtype=torch.float64)
-    out = lsh_attention(x, v, n_buckets=n_buckets, chunk_size=chunk_size, is_causal=is_causal,
+    out = lsh_attention(x, x, v, num_buckets=num_buckets, chunk_size=chunk_size, is_causal=is_causal,
                         generator=torch.Generator().manual_seed(3), normalize_keys=True)
-    torch.testing.assert_close(out, naive_lsh(x, v, n_buckets, chunk_size, 3, is_causal))
-    plain = lsh_attention(x, v, n_buckets=n_buckets, chunk_size=chunk_size, is_causal=is_causal,
-                          generator=torch.Generator().manual_seed(3))
-    torch.testing.assert_close(plain, naive_lsh(x, v, n_buckets, chunk_size, 3, is_causal, False))
+    torch.testing.assert_close(out, naive_lsh(x, v, num_buckets, chunk_size, 3, is_causal))
+    plain = lsh_attention(x, x, v, num_buckets=num_buckets, chunk_size=chunk_size,
+                          is_causal=is_causal, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(plain, naive_lsh(x, v, num_buckets, chunk_size, 3, is_causal, False))
 
 
 def test_lsh_rounds_combine_by_softmax_mass():
     g = torch.Generator().manual_seed(0)
     x, v = torch.randn(30, 4, generator=g, dtype=torch.float64), torch.randn(30, 2, generator=g, dtype=torch.float64)
     # two rounds with the same rotations as two single rounds drawn in sequence
-    both = lsh_attention(x, v, n_buckets=4, n_hashes=2, chunk_size=6, generator=torch.Generator().manual_seed(5))
+    both = lsh_attention(x, x, v, num_buckets=4, num_hashes=2, chunk_size=6,
+                         generator=torch.Generator().manual_seed(5))
     assert both.shape == (30, 2) and torch.isfinite(both).all()
     # each output is a convex combination of values: it lies inside their bounding box
     assert (both <= v.max(0).values + 1e-12).all() and (both >= v.min(0).values - 1e-12).all()
@@ -95,7 +91,7 @@ def test_lsh_buckets_similar_vectors_share_buckets():
     g = torch.Generator().manual_seed(0)
     base = normalize(torch.randn(20, 16, generator=g, dtype=torch.float64), dim=-1)
     near = base + 0.01 * torch.randn(20, 16, generator=g, dtype=torch.float64)
-    b = lsh_buckets(torch.cat([base, 3 * near]), 8, n_hashes=4, generator=torch.Generator().manual_seed(1))
+    b = lsh_buckets(torch.cat([base, 3 * near]), 8, num_hashes=4, generator=torch.Generator().manual_seed(1))
     assert b.shape == (4, 40) and b.min() >= 0 and b.max() < 8
     agree = (b[:, :20] == b[:, 20:]).double().mean()
     assert agree > 0.9
@@ -113,8 +109,8 @@ def test_lsh_poisoned_other_bucket_is_ignored():
     b = lsh_buckets(x, 4, generator=gen())[0]
     v2 = v.clone()
     v2[b != b[0]] = 1e9
-    a = lsh_attention(x, v, n_buckets=4, chunk_size=40, generator=gen())
-    c = lsh_attention(x, v2, n_buckets=4, chunk_size=40, generator=gen())
+    a = lsh_attention(x, x, v, num_buckets=4, chunk_size=40, generator=gen())
+    c = lsh_attention(x, x, v2, num_buckets=4, chunk_size=40, generator=gen())
     torch.testing.assert_close(a[b == b[0]], c[b == b[0]], rtol=0, atol=0)
 
 
@@ -122,22 +118,76 @@ def test_lsh_poisoned_other_bucket_is_ignored():
 def test_lsh_property_matches_naive(n, c, nb, causal):
     g = torch.Generator().manual_seed(n)
     x, v = torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(n, 2, generator=g, dtype=torch.float64)
-    out = lsh_attention(x, v, n_buckets=nb, chunk_size=c, is_causal=causal, generator=torch.Generator().manual_seed(0))
+    out = lsh_attention(x, x, v, num_buckets=nb, chunk_size=c, is_causal=causal,
+                        generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(out, naive_lsh(x, v, nb, c, 0, causal, normalize_keys=False))
 
 
 def test_lsh_bad_input():
     x, v = torch.randn(5, 4), torch.randn(5, 2)
-    with pytest.raises(ValueError, match="n_buckets must be 1 or even"):
-        lsh_attention(x, v, n_buckets=3, chunk_size=2)
+    with pytest.raises(ValueError, match="num_buckets must be 1 or even"):
+        lsh_attention(x, x, v, num_buckets=3, chunk_size=2)
     with pytest.raises(ValueError, match="chunk_size must be >= 1, got 0"):
-        lsh_attention(x, v, n_buckets=2, chunk_size=0)
-    with pytest.raises(ValueError, match="n_hashes must be >= 1, got 0"):
-        lsh_attention(x, v, n_buckets=2, n_hashes=0, chunk_size=2)
-    with pytest.raises(ValueError, match="same number of positions n, got 5 and 4"):
-        lsh_attention(x, v[:4], n_buckets=2, chunk_size=2)
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=0)
+    with pytest.raises(ValueError, match="num_hashes must be >= 1, got 0"):
+        lsh_attention(x, x, v, num_buckets=2, num_hashes=0, chunk_size=2)
+    with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 5 and 4"):
+        lsh_attention(x, x, v[:4], num_buckets=2, chunk_size=2)
     with pytest.raises(TypeError, match="normalize_keys must be a bool"):
-        lsh_attention(x, v, n_buckets=2, chunk_size=2, normalize_keys=1)
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=2, normalize_keys=1)
+    with pytest.raises(TypeError, match="chunk_size must be an int, got float"):
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=2.0)
+
+
+def test_lsh_shares_queries_and_keys():
+    x, v = torch.randn(5, 4), torch.randn(5, 2)
+    with pytest.raises(ValueError, match=r"pass the same tensor as query and key, e.g. lsh_attention\(x, x, value"):
+        lsh_attention(x, x.clone(), v, num_buckets=2, chunk_size=2)
+
+
+def test_lsh_refuses_attn_mask_and_checks_the_contract():
+    x, v = torch.randn(5, 4), torch.randn(5, 2)
+    with pytest.raises(ValueError, match="lsh_attention cannot apply an attn_mask"):
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=2, attn_mask=torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=2, is_causal="no")
+    with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=2, scale=True)
+    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+        lsh_attention(x, x, v.to("meta"), num_buckets=2, chunk_size=2)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        lsh_attention(x, x, v, num_buckets=2, chunk_size=2, generator=0)
+
+
+def test_lsh_huge_chunk_is_one_chunk_and_empty_input():
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(2, 9, 4, generator=g, dtype=torch.float64), torch.randn(2, 9, 3, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(lsh_attention(x, x, v, num_buckets=1, chunk_size=10**12),
+                               shared_qk_reference(x, v))
+    e = torch.zeros(2, 0, 4)
+    assert lsh_attention(e, e, torch.zeros(2, 0, 3), num_buckets=2, chunk_size=4).shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_lsh_keys_it_does_not_see_never_reach_a_query(poison):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    gen = lambda: torch.Generator().manual_seed(4)  # noqa: E731
+    b = lsh_buckets(x, 4, generator=gen())[0]
+    v2 = v.clone()
+    v2[b != b[0]] = poison
+    a = lsh_attention(x, x, v, num_buckets=4, chunk_size=40, generator=gen())
+    c = lsh_attention(x, x, v2, num_buckets=4, chunk_size=40, generator=gen())
+    torch.testing.assert_close(a[b == b[0]], c[b == b[0]])
+
+
+def test_lsh_grouped_query_flag_is_accepted():
+    x, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 3)
+    a = lsh_attention(x, x, v, num_buckets=2, chunk_size=3, enable_gqa=True,
+                      generator=torch.Generator().manual_seed(0))
+    b = lsh_attention(x, x, v, num_buckets=2, chunk_size=3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(a, b)
 
 
 # --- Linformer ---------------------------------------------------------------------------
@@ -149,7 +199,7 @@ def test_linformer_with_identity_projections_is_full_attention(n):
     q, k = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
     v = torch.randn(2, 3, n, 5, generator=g, dtype=torch.float64, requires_grad=True)
     eye = torch.eye(n, dtype=torch.float64)
-    out = linformer_attention(q, k, v, eye, eye)
+    out = linformer_attention(q, k, v, key_projection=eye, value_projection=eye)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out, ref)
     go = torch.randn_like(ref)
@@ -163,7 +213,7 @@ def test_linformer_is_attention_over_projected_keys():
     E = linformer_projection(20, 6, generator=g, dtype=torch.float64)
     F = linformer_projection(20, 6, generator=g, dtype=torch.float64)
     assert E.shape == (6, 20)
-    out = linformer_attention(q, k, v, E, F, scale=0.3)
+    out = linformer_attention(q, k, v, key_projection=E, value_projection=F, scale=0.3)
     ref = torch.softmax(q @ (E @ k).transpose(-1, -2) * 0.3, dim=-1) @ (F @ v)
     torch.testing.assert_close(out, ref)
 
@@ -186,25 +236,51 @@ def test_linformer_error_shrinks_as_k_grows_on_a_smooth_sequence():
     q = torch.randn(n, 16, generator=g, dtype=torch.float64)
     full = scaled_dot_product_attention(q, k, v)
     errs = [
-        ((linformer_attention(q, k, v, segment_mean(n, m), segment_mean(n, m)) - full).norm() / full.norm()).item()
+        ((linformer_attention(q, k, v, key_projection=segment_mean(n, m), value_projection=segment_mean(n, m))
+          - full).norm() / full.norm()).item()
         for m in (4, 16, 64, 256)
     ]
     assert all(a > b for a, b in zip(errs, errs[1:], strict=False))
     assert errs[-1] < 1e-12  # k = n: identity projections, exact
 
 
+def lin(q, k, v, E, F, **kw):
+    return linformer_attention(q, k, v, key_projection=E, value_projection=F, **kw)
+
+
 def test_linformer_bad_input():
     q, k, v = torch.randn(5, 4), torch.randn(6, 4), torch.randn(6, 3)
-    with pytest.raises(ValueError, match=r"E must have shape \(k, n\) with n = 6"):
-        linformer_attention(q, k, v, torch.randn(3, 5), torch.randn(3, 6))
-    with pytest.raises(ValueError, match="E and F must project to the same k, got 3 and 2"):
-        linformer_attention(q, k, v, torch.randn(3, 6), torch.randn(2, 6))
+    with pytest.raises(ValueError, match=r"key_projection must have shape \(..., k, n\) with n = 6"):
+        lin(q, k, v, torch.randn(3, 5), torch.randn(3, 6))
+    with pytest.raises(ValueError, match="must project to the same k, got 3 and 2"):
+        lin(q, k, v, torch.randn(3, 6), torch.randn(2, 6))
     E = torch.eye(6)
     with pytest.raises(ValueError, match="query and key must share their last dimension d, got 4 and 3"):
-        linformer_attention(q, k[..., :3], v, E, E)
+        lin(q, k[..., :3], v, E, E)
     with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 6 and 5"):
-        linformer_attention(q, k, v[:5], E, E)
-    with pytest.raises(TypeError, match="query and F must share a dtype"):
-        linformer_attention(q, k, v, E, E.double())
+        lin(q, k, v[:5], E, E)
+    with pytest.raises(TypeError, match="value_projection must have dtype torch.float32, got torch.float64"):
+        lin(q, k, v, E, E.double())
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         linformer_projection(6, 0)
+    with pytest.raises(ValueError, match="cannot apply attn_mask or is_causal"):
+        lin(q, k, v, E, E, is_causal=True)
+    with pytest.raises(ValueError, match="cannot apply attn_mask or is_causal"):
+        lin(q, k, v, E, E, attn_mask=torch.ones(5, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+        lin(q, k, v, E, E.to("meta"))
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        lin(q, k, v, E, E, enable_gqa="no")
+
+
+def test_linformer_grouped_query_attention_and_empty_keys():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 5, 3, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 8, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    E = linformer_projection(8, 4, generator=g, dtype=torch.float64)
+    out = lin(q, k, v, E, E, enable_gqa=True)
+    torch.testing.assert_close(out, lin(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), E, E))
+    z = torch.zeros(1, 2, 0, 3, dtype=torch.float64)
+    out = lin(q, z, z, torch.zeros(4, 0, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64),
+              enable_gqa=True)
+    assert out.shape == (1, 4, 5, 3) and (out == 0).all()

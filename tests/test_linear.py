@@ -1,4 +1,5 @@
-"""Tests for attention/linear.py: the chunked and recurrent forms equal the naive quadratic form."""
+"""Tests for attention/linear.py and attention/feature_maps.py: the chunked and recurrent
+forms equal the naive quadratic form, and the contract's boundary checks."""
 
 import math
 
@@ -8,16 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import (
-    elu_feature_map,
     linear_attention,
-    linear_attention_naive,
     linear_attention_step,
     linear_attention_weights,
-    performer_feature_map,
     random_feature_map,
-    relu_feature_map,
     scaled_dot_product_attention,
 )
+from attention.feature_maps import elu_feature_map, relu_feature_map
+from attention.linear import linear_attention_naive
 
 F64 = torch.float64
 
@@ -58,7 +57,7 @@ def test_relu_feature_map():
 
 def test_random_features_are_reproducible_and_positive():
     a = random_feature_map(8, 16, generator=torch.Generator().manual_seed(3))
-    b = performer_feature_map(8, 16, generator=torch.Generator().manual_seed(3))
+    b = random_feature_map(8, 16, generator=torch.Generator().manual_seed(3))
     x = torch.randn(5, 8, dtype=F64)
     torch.testing.assert_close(a(x), b(x))
     assert a(x).shape == (5, 16)
@@ -364,7 +363,7 @@ def test_rejects_non_callable_feature_map_and_bad_eps():
         linear_attention(q, k, v, feature_map="elu")
     with pytest.raises(ValueError, match="eps must be >= 0, got -1"):
         linear_attention(q, k, v, eps=-1.0)
-    with pytest.raises(TypeError, match="is_causal must be a bool, got int"):
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
         linear_attention(q, k, v, is_causal=1)
 
 
@@ -375,5 +374,142 @@ def test_step_rejects_bad_state():
         linear_attention_step(q[1], k[1], v[1, :3], state)
     with pytest.raises(TypeError, match="state must be None or the pair"):
         linear_attention_step(q[1], k[1], v[1], state[0])
-    with pytest.raises(ValueError, match="q_t and k_t must share their last dimension d, got 8 and 7"):
+    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 7"):
         linear_attention_step(q[1], k[1, :7], v[1])
+
+
+# ----------------------------------------------------------------------------- the contract
+
+
+@pytest.mark.parametrize("fn", [linear_attention, linear_attention_naive])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_grouped_query_attention_repeats_the_key_value_heads(fn, is_causal):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 9, 4, generator=g, dtype=F64)
+    k, v = (torch.randn(2, 2, 9, 4, generator=g, dtype=F64) for _ in range(2))
+    out = fn(q, k, v, is_causal=is_causal, enable_gqa=True)
+    ref = fn(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), is_causal=is_causal)
+    torch.testing.assert_close(out, ref)
+    w = linear_attention_weights(q, k, enable_gqa=True)
+    torch.testing.assert_close(w, linear_attention_weights(q, k.repeat_interleave(3, dim=1)))
+
+
+@pytest.mark.parametrize("fn", [linear_attention, linear_attention_naive])
+def test_attn_mask_and_scale_are_refused_not_ignored(fn):
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="cannot apply an attn_mask"):
+        fn(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="has no scale: the feature map alone sets the similarity"):
+        fn(q, k, v, scale=0.5)
+    with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
+        fn(q, k, v, scale=True)
+    with pytest.raises(ValueError, match="cannot apply an attn_mask"):
+        linear_attention_weights(q, k, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("flag", ["is_causal", "enable_gqa"])
+def test_bool_flags_must_be_bools(flag):
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+        linear_attention(q, k, v, **{flag: "no"})
+
+
+def test_inputs_on_different_devices_are_refused():
+    q, k, v = qkv(4)
+    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+        linear_attention(q, k, v.to("meta"))
+    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+        linear_attention_step(q[..., 0, :], k[..., 0, :].to("meta"), v[..., 0, :])
+
+
+def test_value_none_is_a_type_error():
+    q, k, _ = qkv(4)
+    with pytest.raises(TypeError, match="value must be a torch.Tensor, got NoneType"):
+        linear_attention(q, k, None)
+
+
+@pytest.mark.parametrize("i, j", [(0, 5), (5, 0), (0, 0)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_empty_axes_give_zeros(i, j, is_causal):
+    q, k, v = qkv(i, j)
+    out = linear_attention(q, k, v, is_causal=is_causal)
+    assert out.shape == (2, 3, i, 5) and (out == 0).all()
+    torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=is_causal))
+
+
+def test_zero_head_size_gives_zeros_not_nan():
+    # d = 0: no features, so phi(q) . phi(k) = 0 for every pair; eps keeps 0 / 0 away
+    q, k, v = qkv(6, d=0)
+    for causal in (False, True):
+        out = linear_attention(q, k, v, is_causal=causal)
+        assert out.shape == (2, 3, 6, 5) and (out == 0).all()
+
+
+def test_huge_chunk_size_is_clamped():
+    q, k, v = qkv(7)
+    out = linear_attention(q, k, v, is_causal=True, chunk_size=10**12)
+    torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=True))
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_non_finite_values_reach_only_the_rows_that_see_them(poison):
+    q, k, v = qkv(10, batch=())
+    k2, v2 = k.clone(), v.clone()
+    k2[6], v2[6, 0] = poison, poison
+    clean = linear_attention(q, k, v, is_causal=True)
+    for out in (linear_attention(q, k2, v2, is_causal=True, chunk_size=4),
+                linear_attention_naive(q, k2, v2, is_causal=True)):
+        torch.testing.assert_close(out[:6], clean[:6])  # the future stays out
+        assert not out[6:, 0].isfinite().any()
+    assert not linear_attention(q, k, v2)[:, 0].isfinite().any()  # non-causal: all see it
+
+
+def test_feature_maps_check_their_input():
+    with pytest.raises(TypeError, match="x must have a floating-point dtype"):
+        elu_feature_map(torch.ones(3, dtype=torch.long))
+    phi = random_feature_map(4, 8)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        phi([1.0, 2.0, 3.0, 4.0])
+
+
+def test_random_feature_map_checks_its_options():
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        random_feature_map(4, 8, generator=0)
+    with pytest.raises(TypeError, match="orthogonal must be a bool"):
+        random_feature_map(4, 8, orthogonal="yes")
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype"):
+        random_feature_map(4, 8, dtype=torch.int64)
+    with pytest.raises(TypeError, match="scale must be a float"):
+        random_feature_map(4, 8, scale="big")
+    with pytest.raises(ValueError, match="num_features must be >= 1, got 0"):
+        random_feature_map(4, 0)
+
+
+def test_step_checks_the_state():
+    q, k, v = qkv(2, batch=())
+    _, (S, z) = linear_attention_step(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="query and S must share a dtype"):
+        linear_attention_step(q[1], k[1], v[1], (S.float(), z))
+
+
+def test_options_are_keyword_only():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError):
+        linear_attention(q, k, v, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_zero_normaliser_in_half_precision_gives_zeros(dtype):
+    # 0 / (0 + eps) must stay 0 even where 1 / eps overflows the dtype
+    q, k, v = (t.to(dtype) for t in qkv(5, d=0))
+    for causal in (False, True):
+        out = linear_attention(q, k, v, is_causal=causal, chunk_size=2)
+        assert (out == 0).all()
+
+
+def test_eps_is_a_real_number_of_any_size():
+    q, k, v = qkv(4)
+    torch.testing.assert_close(linear_attention(q, k, v, eps=10**30),
+                               linear_attention(q, k, v, eps=1e30))
+    with pytest.raises(ValueError, match="eps must be >= 0, got nan"):
+        linear_attention(q, k, v, eps=float("nan"))

@@ -1,5 +1,5 @@
-"""Tests for attention.pretrained: the loader's three paths, the rebuilt attention of
-all-MiniLM-L6-v2 against the model's own outputs, and the per-head statistics.
+"""Tests for attention.pretrained: the loader's three paths and the rebuilt attention of
+all-MiniLM-L6-v2 against the model's own outputs (the statistics: test_head_stats.py).
 
 The parity checks run in float32 (the model's dtype) at ``atol=1e-5, rtol=0``. Tests that
 need ``transformers`` are skipped, with the reason, when it is not installed; the ones
@@ -9,7 +9,6 @@ that need the weights use the offline package and never touch the network.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 import math
 import socket
@@ -18,27 +17,20 @@ import types
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from attention import (
-    AttentionTrace,
     MultiHeadAttention,
-    attention_share,
-    head_distances,
     head_diversity,
     load_minilm,
     mean_attention_entropy,
     minilm_attention_layer,
     minilm_attention_weights,
-    minilm_model_dir,
     sink_share,
-    token_position,
-    top_heads,
     trace_attention,
 )
 from attention import pretrained as P
+from attention.pretrained import AttentionTrace, minilm_model_dir, token_position
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(
@@ -181,7 +173,7 @@ def test_a_pickled_checkpoint_is_refused_not_unpickled(monkeypatch, tmp_path):
 
 
 def test_bad_attn_implementation():
-    with pytest.raises(ValueError, match="attn_implementation must be 'eager' or 'sdpa', got 'flash'"):
+    with pytest.raises(ValueError, match="attn_implementation must be one of 'eager', 'sdpa', got 'flash'"):
         load_minilm(attn_implementation="flash")
 
 
@@ -230,36 +222,6 @@ def test_token_position():
         token_position(tokens, "it")
     with pytest.raises(ValueError, match="occurrence must be >= 0, got -1"):
         token_position(tokens, "the", occurrence=-1)
-
-
-def test_attention_share_against_a_loop():
-    w = torch.softmax(torch.randn(3, 4, 6, 7, generator=torch.Generator().manual_seed(0)), -1)
-    got = attention_share(w, 2, [0, 5])
-    expected = torch.tensor([[float(w[a, b, 2, 0] + w[a, b, 2, 5]) for b in range(4)]
-                             for a in range(3)])
-    assert_close(got, expected)
-    assert_close(attention_share(w, 1, 3), w[..., 1, 3])
-
-
-@pytest.mark.parametrize(("query", "keys", "message"), [
-    (6, [0], r"query must be a position in \[0, 6\), got 6"),
-    (0, [], r"keys must be a non-empty list of positions in \[0, 7\), got \[\]"),
-    (0, [7], r"keys must be a non-empty list of positions in \[0, 7\), got \[7\]"),
-])
-def test_attention_share_bad_positions(query, keys, message):
-    with pytest.raises(ValueError, match=message):
-        attention_share(torch.rand(6, 7), query, keys)
-
-
-def test_top_heads_against_sorting():
-    share = torch.rand(6, 12, generator=torch.Generator().manual_seed(1))
-    expected = sorted(((float(share[r, c]), r, c) for r in range(6) for c in range(12)), reverse=True)
-    assert top_heads(share, k=5) == [(r, c, v) for v, r, c in expected[:5]]
-    assert len(top_heads(share, k=100)) == 72
-    with pytest.raises(ValueError, match=r"share must be an \(L, h\) table, got shape \(72,\)"):
-        top_heads(share.flatten())
-    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
-        top_heads(share, k=0)
 
 
 # --------------------------------------------------------------------------- rebuilding
@@ -350,70 +312,15 @@ def test_rebuild_bad_input(minilm):
         minilm_attention_weights(model, 0, torch.zeros(1, 1, 3, 384))
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def _rows(seed, *shape):
-    return torch.softmax(3 * torch.randn(*shape, generator=torch.Generator().manual_seed(seed),
-                                         dtype=torch.float64), dim=-1)
-
-
-def test_entropy_limits_and_loop():
-    n = 5
-    uniform = torch.full((2, n, n), 1.0 / n, dtype=torch.float64)
-    one_hot = torch.eye(n, dtype=torch.float64).expand(2, n, n)
-    assert_close(mean_attention_entropy(uniform), torch.full((2,), math.log(n), dtype=torch.float64))
-    assert_close(mean_attention_entropy(one_hot), torch.zeros(2, dtype=torch.float64))
-    w = _rows(0, 3, 4, 6)
-    expected = torch.tensor([sum(-sum(p * math.log(p) for p in row.tolist()) for row in w[a]) / 4
-                             for a in range(3)], dtype=torch.float64)
-    assert_close(mean_attention_entropy(w), expected)
-
-
-def test_sink_share_against_a_loop():
-    w = _rows(1, 2, 3, 5, 5)
-    got = sink_share(w, [0, 4])
-    expected = torch.tensor([[sum(float(w[a, b, i, 0] + w[a, b, i, 4]) for i in range(5)) / 5
-                              for b in range(3)] for a in range(2)], dtype=torch.float64)
-    assert_close(got, expected)
-    with pytest.raises(ValueError, match=r"keys must be a non-empty list of positions in \[0, 5\), got \[5\]"):
-        sink_share(w, 5)
-
-
-def _js_distance_loop(p, q):
-    """Jensen-Shannon distance in bits between two lists, term by term."""
-    m = [(a + b) / 2 for a, b in zip(p, q, strict=True)]
-    kl = lambda x: sum(a * math.log2(a / c) for a, c in zip(x, m, strict=True) if a > 0)  # noqa: E731
-    return math.sqrt(max(0.0, 0.5 * kl(p) + 0.5 * kl(q)))
-
-
-def test_head_distances_against_a_loop():
-    w = _rows(2, 4, 3, 5)  # (h, i, j)
-    w[1, 0] = torch.tensor([1.0, 0, 0, 0, 0], dtype=torch.float64)  # zeros are fine
-    got = head_distances(w)
-    for a, b in itertools.product(range(4), repeat=2):
-        expected = sum(_js_distance_loop(w[a, i].tolist(), w[b, i].tolist()) for i in range(3)) / 3
-        assert math.isclose(float(got[a, b]), expected, abs_tol=1e-6)  # sqrt near 0 is steep
-
-
-def test_head_diversity_extremes():
-    same = _rows(3, 1, 4, 4).expand(6, 4, 4)
-    assert_close(head_diversity(same), torch.tensor(0.0, dtype=torch.float64), atol=1e-6, rtol=0)
-    disjoint = torch.eye(4, dtype=torch.float64)[:, None, :].expand(4, 3, 4)  # head n looks at key n
-    assert_close(head_diversity(disjoint), torch.tensor(1.0, dtype=torch.float64))
-    with pytest.raises(ValueError, match="head diversity needs at least 2 heads, got 1"):
-        head_diversity(_rows(0, 1, 3, 3))
-
-
-@given(st.integers(2, 5), st.integers(1, 4), st.integers(2, 6), st.integers(0, 10_000))
-def test_head_distances_is_a_bounded_symmetric_matrix(h, i, j, seed):
-    d = head_distances(_rows(seed, h, i, j))
-    assert d.shape == (h, h)
-    assert_close(d, d.T)
-    assert torch.all(d.diagonal() == 0) and torch.all((d >= 0) & (d <= 1))
-    pairs = [float(d[a, b]) for a, b in itertools.combinations(range(h), 2)]
-    assert math.isclose(float(head_diversity(_rows(seed, h, i, j))), sum(pairs) / len(pairs),
-                        rel_tol=1e-9, abs_tol=1e-12)
+@needs_transformers
+def test_rebuild_refuses_another_dtype_or_device(minilm):
+    model, _ = minilm
+    with pytest.raises(TypeError, match="model_weights and hidden_states must share a dtype, got torch.float32 and torch.float64"):
+        minilm_attention_weights(model, 0, torch.zeros(3, 384, dtype=torch.float64))
+    with pytest.raises(ValueError, match="model_weights and hidden_states must be on the same device"):
+        minilm_attention_weights(model, 0, torch.zeros(3, 384, device="meta"))
+    with pytest.raises(TypeError):
+        minilm_attention_weights(model, 0, torch.zeros(3, 384), torch.ones(3, 3, dtype=torch.bool))
 
 
 @needs_transformers

@@ -21,7 +21,7 @@ from .notebook import *  # noqa: F403  set-up and checks of every chapter
 from .plotting import *  # noqa: F403  figures of every chapter
 from .softmax import *  # noqa: F403  chapter 02
 from .scaled_dot_product import *  # noqa: F403  chapters 01-04
-from .masks import *  # noqa: F403  chapter 04 (and chapter 11's patterns)
+from .masks import *  # noqa: F403  chapter 04
 from .self_attention import *  # noqa: F403  chapter 05
 from .multihead import *  # noqa: F403  chapter 06
 from .kv_cache import *  # noqa: F403  chapter 06
@@ -29,11 +29,14 @@ from .cross_attention import *  # noqa: F403  chapter 08
 from .scoring import *  # noqa: F403  chapter 09
 from .alignment import *  # noqa: F403  chapter 09
 from .additive import *  # noqa: F403  chapter 09
+from .feature_maps import *  # noqa: F403  chapter 10
 from .linear import *  # noqa: F403  chapter 10
+from .patterns import *  # noqa: F403  chapter 11
 from .sparse import *  # noqa: F403  chapter 11
 from .approximate import *  # noqa: F403  chapter 11
 from .tiled import *  # noqa: F403  chapter 12
 from .pretrained import *  # noqa: F403  chapter 15
+from .head_stats import *  # noqa: F403  chapter 15
 
 __version__ = "0.1.0"
 
