@@ -53,6 +53,14 @@ from .masks import (  # chapter 04, 11
 from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
 from .notebook import load_benchmark, report_close, setup_notebook
 from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
+from .positional import (  # chapter 07
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    relative_position_bucket,
+    rope_frequencies,
+    sinusoidal_positions,
+)
 from .pretrained import (  # chapter 15
     AttentionTrace,
     attention_share,
