@@ -28,6 +28,7 @@ from .approximate import (  # chapter 11
 )
 from .cross_attention import CrossAttention  # chapter 08
 from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
+from .latent import LatentKVCache, MultiHeadLatentAttention  # chapter 14
 from .linear import (  # chapter 10
     elu_feature_map,
     linear_attention,
@@ -38,6 +39,7 @@ from .linear import (  # chapter 10
     random_feature_map,
     relu_feature_map,
 )
+from .logits import qk_norm, soft_cap, softcap_attention  # chapter 14
 from .masks import (  # chapter 04, 11
     bigbird_mask,
     block_sparse_mask,
@@ -52,6 +54,7 @@ from .masks import (  # chapter 04, 11
 )
 from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
 from .notebook import load_benchmark, report_close, setup_notebook
+from .paged import PagedKVCache  # chapter 14
 from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
 from .positional import (  # chapter 07
     alibi_bias,
@@ -97,6 +100,12 @@ from .seq2seq import (  # chapter 08
     greedy_decode,
     reversal_batch,
     train_seq2seq,
+)
+from .sinks import (  # chapter 14
+    StreamingKVCache,
+    attention_with_sinks,
+    sink_attention_weights,
+    streaming_mask,
 )
 from .softmax import (  # chapter 02
     entropy,
@@ -208,4 +217,14 @@ __all__ = [
     "token_position",
     "top_heads",
     "trace_attention",
+    "attention_with_sinks",
+    "sink_attention_weights",
+    "streaming_mask",
+    "StreamingKVCache",
+    "LatentKVCache",
+    "MultiHeadLatentAttention",
+    "PagedKVCache",
+    "qk_norm",
+    "soft_cap",
+    "softcap_attention",
 ]
