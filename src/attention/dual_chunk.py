@@ -28,16 +28,14 @@ scores. DCA is causal by construction; a mask is applied on top of the causal pa
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._checks import check_int
-from .positional import _check_base, _check_bool, _check_scaling, _inv_freq, _rotate
-from .scaled_dot_product import _expand_kv_heads, _validate
-from .softmax import softmax
+from ._checks import check_bool, check_int, check_size, validate_attention
+from ._core import default_scale, expand_kv_heads, masked_softmax
+from .positional import _check_base, _check_scaling, _inv_freq, _rotate
 
 __all__ = ["dual_chunk_positions", "dual_chunk_attention"]
 
@@ -52,7 +50,7 @@ class DualChunkPositions(NamedTuple):
 
 
 def _check_chunking(chunk_size, local_window) -> tuple[int, int]:
-    s = check_int("chunk_size", chunk_size, minimum=1)
+    s = check_size("chunk_size", chunk_size)
     w = check_int("local_window", local_window, minimum=0)
     if w >= s:
         raise ValueError(
@@ -155,8 +153,8 @@ def dual_chunk_attention(
         >>> torch.allclose(out, plain)  # 6 <= s + w + 1 tokens: plain RoPE attention
         True
     """
-    scores_shape = _validate(query, key, value, attn_mask, 0.0, False, scale, enable_gqa)
-    _check_bool("is_causal", is_causal)
+    scores_shape = validate_attention(query, key, value, attn_mask, False, scale, enable_gqa)
+    check_bool("is_causal", is_causal)
     if not is_causal:
         raise ValueError(
             "dual_chunk_attention is causal by construction (a key's chunk must not follow "
@@ -164,7 +162,7 @@ def dual_chunk_attention(
         )
     s, w = _check_chunking(chunk_size, local_window)
     base = _check_base(base)
-    _check_bool("interleaved", interleaved)
+    check_bool("interleaved", interleaved)
     d = query.shape[-1]
     if d % 2:
         raise ValueError(f"the query/key size d must be even for RoPE, got {d}")
@@ -178,7 +176,7 @@ def dual_chunk_attention(
 
     device = query.device
     if enable_gqa:
-        key, value = _expand_kv_heads(query, key), _expand_kv_heads(query, value)
+        key, value = expand_kv_heads(key, query.shape[-3]), expand_kv_heads(value, query.shape[-3])
     inv_freq = _inv_freq(d, base, scaling, device)
 
     def rotate(x: Tensor, positions: Tensor) -> Tensor:
@@ -191,7 +189,7 @@ def dual_chunk_attention(
     q_intra = rotate(query, q_idx.intra)  # (..., i, d)
     q_succ = rotate(query, q_idx.successive)
     q_inter = rotate(query, q_idx.inter)
-    scale = (1.0 / math.sqrt(d) if d > 0 else 1.0) if scale is None else float(scale)
+    scale = default_scale(scale, d)
     if attn_mask is not None:
         attn_mask = attn_mask.expand(scores_shape)  # (..., h, i, j), a view
 
@@ -214,12 +212,8 @@ def dual_chunk_attention(
         ) * scale  # (..., h, rows, end)
         visible = torch.arange(end, device=device) <= q_pos[rows, None]  # (rows, end) causal
         scores = scores.masked_fill(~visible, float("-inf"))
-        if attn_mask is not None:
-            m = attn_mask[..., rows, :end]
-            scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
-        # a row with no visible key gets zero weights (as in torch's SDPA)
-        dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        weights = softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+        mask = None if attn_mask is None else attn_mask[..., rows, :end]
+        weights = masked_softmax(scores, mask)  # a row with no visible key: zeros
         outputs.append(weights @ value[..., :end, :])  # (..., h, rows, e)
         rows_done = stop
     return torch.cat(outputs, dim=-2)  # (..., h, i, e)
