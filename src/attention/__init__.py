@@ -27,6 +27,7 @@ from .approximate import (  # chapter 11
     lsh_buckets,
 )
 from .cross_attention import CrossAttention  # chapter 08
+from .dual_chunk import dual_chunk_attention, dual_chunk_positions  # chapter 07
 from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
 from .latent import LatentKVCache, MultiHeadLatentAttention  # chapter 14
 from .linear import (  # chapter 10
@@ -227,4 +228,14 @@ __all__ = [
     "qk_norm",
     "soft_cap",
     "softcap_attention",
+]
+__all__ += [  # chapter 07
+    "sinusoidal_positions",
+    "rope_frequencies",
+    "apply_rope",
+    "alibi_slopes",
+    "alibi_bias",
+    "relative_position_bucket",
+    "dual_chunk_positions",
+    "dual_chunk_attention",
 ]

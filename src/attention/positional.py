@@ -32,12 +32,20 @@ angle is already wrong in its third decimal.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_tensor
+from ._checks import (
+    broadcast_shapes,
+    check_bool,
+    check_device,
+    check_dtype,
+    check_int,
+    check_real,
+    check_same_device,
+    check_tensor,
+)
 
 __all__ = [
     "sinusoidal_positions",
@@ -65,24 +73,17 @@ def _check_feature_size(d, name: str = "d") -> int:
 
 
 def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a float, got {type(base).__name__}")
+    base = check_real("base", base)
     if not (math.isfinite(base) and base > 0):
         raise ValueError(f"base must be finite and > 0, got {base}")
-    return float(base)
+    return base
 
 
 def _check_dtype(dtype) -> torch.dtype:
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype or None, got {dtype}")
-    return dtype
-
-
-def _check_bool(name: str, flag) -> bool:
-    if not isinstance(flag, bool):
-        raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    return flag
+    """None (torch's default dtype) or a floating-point dtype."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    return check_dtype("dtype", dtype, floating=True)
 
 
 def _check_scaling(scaling, d: int) -> tuple[str, float] | None:
@@ -106,9 +107,7 @@ def _check_scaling(scaling, d: int) -> tuple[str, float] | None:
         raise ValueError(f"scaling type must be one of {_SCALING_TYPES}, got {kind!r}")
     if "factor" not in scaling:
         raise ValueError(f"scaling of type {kind!r} needs a 'factor'")
-    factor = scaling["factor"]
-    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
-        raise TypeError(f"scaling['factor'] must be a float, got {type(factor).__name__}")
+    factor = check_real("scaling['factor']", scaling["factor"])
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"scaling['factor'] must be finite and > 0, got {factor}")
     if kind == "ntk" and d == 2:
@@ -116,18 +115,16 @@ def _check_scaling(scaling, d: int) -> tuple[str, float] | None:
     return kind, float(factor)
 
 
-def _check_positions(positions, shape: tuple[int, ...], device) -> Tensor:
-    """Integer positions that broadcast to ``shape`` = ``(..., n)``, on ``device``."""
+def _check_positions(positions, x: Tensor) -> Tensor:
+    """Integer positions on ``x``'s device that broadcast to ``x.shape[:-1]`` = ``(..., n)``."""
     check_tensor("positions", positions)
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(
             "positions must be an integer tensor (token indices), got "
             f"{positions.dtype}; to stretch positions use scaling={{'type': 'linear', ...}}"
         )
-    if positions.device != device:
-        raise ValueError(
-            f"positions and x must be on the same device, got {positions.device} and {device}"
-        )
+    check_same_device(positions=positions, x=x)
+    shape = tuple(x.shape[:-1])
     if broadcast_shapes("positions and x.shape[:-1]", tuple(positions.shape), shape) != shape:
         raise ValueError(
             f"positions of shape {tuple(positions.shape)} must broadcast to x.shape[:-1] = {shape}"
@@ -200,6 +197,7 @@ def sinusoidal_positions(
     d = _check_feature_size(d)
     base = _check_base(base)
     dtype = _check_dtype(dtype)
+    device = check_device("device", device)
     angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * _inv_freq(
         d, base, None, device
     )  # (n, d/2)
@@ -287,13 +285,13 @@ def apply_rope(
     check_tensor("x", x, floating=True, min_dim=2)
     d = _check_feature_size(x.shape[-1], "the last dimension d of x")
     base = _check_base(base)
-    _check_bool("interleaved", interleaved)
+    check_bool("interleaved", interleaved)
     scaling = _check_scaling(scaling, d)
     n = x.shape[-2]
     if positions is None:
         positions = torch.arange(n, device=x.device)  # (n,)
     else:
-        positions = _check_positions(positions, tuple(x.shape[:-1]), x.device)
+        positions = _check_positions(positions, x)
     angles = positions.to(torch.float64)[..., None] * _inv_freq(d, base, scaling, x.device)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., n, d/2)
     return _rotate(x, cos, sin, interleaved)
@@ -358,6 +356,7 @@ def alibi_bias(
             f"got i={i} and j={j}"
         )
     dtype = _check_dtype(dtype)
+    device = check_device("device", device)
     q = torch.arange(j - i, j, device=device)[:, None]  # (i, 1)
     k = torch.arange(j, device=device)[None, :]  # (1, j)
     distance = (q - k).abs().to(torch.float64)  # (i, j)
@@ -402,7 +401,7 @@ def relative_position_bucket(
     rel = relative_position
     if rel.is_floating_point() or rel.is_complex() or rel.dtype == torch.bool:
         raise TypeError(f"relative_position must be an integer tensor, got {rel.dtype}")
-    _check_bool("bidirectional", bidirectional)
+    check_bool("bidirectional", bidirectional)
     num_buckets = check_int("num_buckets", num_buckets, minimum=1)
     max_distance = check_int("max_distance", max_distance, minimum=1)
     per_side = num_buckets // 2 if bidirectional else num_buckets
