@@ -404,23 +404,26 @@ class MultiHeadLatentAttention(nn.Module):
 
         w_uk, w_uv = self.up_projections()  # (h, p, r), (h, e, r)
         if absorb:
-            # q^C . (W^UK c) = (W^UK^T q^C) . c: one shared key [c, k^R] per position,
-            # the latent itself as the value (multi-query attention of size r + q).
-            q_latent = q_nope @ w_uk  # (b, h, n, r)
-            query = torch.cat([q_latent, q_rope], dim=-1)  # (b, h, n, r+q)
+            # q^C . (W^UK c) = (W^UK^T q^C) . c: every head reads the same key [c, k^R] and
+            # the latent c as its value, so the h heads are stacked as the h * n query rows
+            # of one single-head attention (no copy of the cache per head).
+            query = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (b, h, n, r+q)
             key = torch.cat([latent, k_rope], dim=-1)[:, None]  # (b, 1, j, r+q)
+            mask = None if attn_mask is None else attn_mask.repeat(h, 1)  # (h n, j)
             context = F.scaled_dot_product_attention(
-                query, key, latent[:, None], attn_mask=attn_mask, scale=self.scale,
-                enable_gqa=True,
-            )  # (b, h, n, r)
-            context = context @ w_uv.transpose(-2, -1)  # (b, h, n, e)
+                query.reshape(b, 1, h * n, r + q), key, latent[:, None], attn_mask=mask,
+                scale=self.scale,
+            )  # (b, 1, h n, r)
+            context = context.view(b, h, n, r) @ w_uv.transpose(-2, -1)  # (b, h, n, e)
         else:
             k_nope = torch.einsum("bjr,hpr->bhjp", latent, w_uk)  # (b, h, j, p)
             value = torch.einsum("bjr,her->bhje", latent, w_uv)  # (b, h, j, e)
             key = torch.cat([k_nope, k_rope[:, None].expand(b, h, j, q)], dim=-1)  # (b, h, j, p+q)
             query = torch.cat([q_nope, q_rope], dim=-1)  # (b, h, n, p+q)
+            top_left = causal and num_cached == 0  # torch's fused kernel skips masked tiles
             context = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attn_mask, scale=self.scale
+                query, key, value, attn_mask=None if top_left else attn_mask,
+                is_causal=top_left, scale=self.scale,
             )  # (b, h, n, e)
         out = context.transpose(1, 2).reshape(b, n, h * self.v_head_dim)  # (b, n, h e)
         return self.w_out(out), None
