@@ -25,6 +25,8 @@ from .masks import *  # noqa: F403  chapter 04
 from .self_attention import *  # noqa: F403  chapter 05
 from .multihead import *  # noqa: F403  chapter 06
 from .kv_cache import *  # noqa: F403  chapter 06
+from .positional import *  # noqa: F403  chapter 07
+from .dual_chunk import *  # noqa: F403  chapter 07
 from .cross_attention import *  # noqa: F403  chapter 08
 from .scoring import *  # noqa: F403  chapter 09
 from .alignment import *  # noqa: F403  chapter 09
@@ -35,6 +37,10 @@ from .patterns import *  # noqa: F403  chapter 11
 from .sparse import *  # noqa: F403  chapter 11
 from .approximate import *  # noqa: F403  chapter 11
 from .tiled import *  # noqa: F403  chapter 12
+from .sinks import *  # noqa: F403  chapter 14
+from .latent import *  # noqa: F403  chapter 14
+from .paged import *  # noqa: F403  chapter 14
+from .logits import *  # noqa: F403  chapter 14
 from .pretrained import *  # noqa: F403  chapter 15
 from .head_stats import *  # noqa: F403  chapter 15
 

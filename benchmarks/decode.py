@@ -1,0 +1,175 @@
+"""Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 14).
+
+Setting: one attention layer, batch 1, embed 512, 8 heads, fp32, ``torch.set_num_threads(1)``,
+``torch.inference_mode()``. For each context length ``L`` the task is the same: produce the
+layer's output for token ``L + 1`` given the ``L`` tokens before it.
+
+Contenders, timed round-robin in one run (medians after warm-up):
+
+* ``mha_no_cache``: ``MultiHeadAttention`` recomputes the whole prefix: projections of
+  ``L + 1`` tokens and causal attention over them, keeping the last row. This is what
+  decoding costs without a cache: every step repeats all the work of the previous one.
+* ``mha_cache``: the same module with a ``KVCache`` holding the ``L`` earlier keys and
+  values: one token is projected, appended and attends to ``L + 1`` keys.
+* ``mla_no_cache``: ``MultiHeadLatentAttention`` (kv_lora_rank 128, 64 + 32 query/key
+  dims, values of 64: a scaled-down DeepSeek-V3 shape) on the whole prefix.
+* ``mla_materialised``: MLA with a ``LatentKVCache``, ``absorb=False``: each step
+  up-projects all ``L + 1`` cached latents into per-head keys and values again.
+* ``mla_absorbed``: MLA with the same cache, ``absorb=True``: the up-projections are
+  folded into the query and the output, and the step attends to the latents directly.
+
+Each cached contender is checked against its no-cache output before timing. The cache
+bytes per token (fp32, this one layer) are saved beside the times. Prints ratios and
+saves ``src/attention/benchmark_results/decode.json``.
+
+Two clocks, read around the same calls in one interleaved loop: wall time
+(``time.perf_counter``, what ``_common.interleaved_times`` reports) and the thread's CPU
+time (``time.thread_time``). With one intra-op thread every operation runs on the calling
+thread, so the CPU time is the work done; on a machine shared with other jobs the wall
+time also counts the time spent waiting for a core, which inflates the longer calls more
+than the shorter ones. The ratios are computed from the CPU time; both are saved.
+
+Run: ``.venv/bin/python benchmarks/decode.py`` (about two minutes on one idle core; more under load).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save_results, stamp  # noqa: E402
+
+from attention import MultiHeadAttention, MultiHeadLatentAttention  # noqa: E402
+
+THREADS = 1
+EMBED, HEADS = 512, 8
+MLA_DIMS = dict(kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
+CONTEXTS = [128, 256, 512, 1024, 2048]
+WARMUP, REPEAT = 1, 15
+
+
+def interleaved_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
+    """Median wall and thread-CPU seconds of each contender, run round-robin."""
+    wall = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        for _ in range(repeat):
+            for name, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                cpu[name].append(time.thread_time() - c0)
+                wall[name].append(time.perf_counter() - t0)
+    median = statistics.median
+    return ({n: median(t) for n, t in wall.items()}, {n: median(t) for n, t in cpu.items()})
+
+
+def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttention, x):
+    """Zero-argument callables for one context length; each returns the new token's output."""
+    prefix, new = x[:, : length + 1], x[:, length : length + 1]  # (1, L+1, E), (1, 1, E)
+    kv = mha.new_cache(1, length + 1)
+    latent = mla.new_cache(1, length + 1)
+    with torch.inference_mode():
+        mha(x[:, :length], x[:, :length], x[:, :length], is_causal=True, cache=kv)
+        mla(x[:, :length], cache=latent)
+
+    def mha_cache():
+        kv.length = length  # drop the previous step's token: every call decodes token L + 1
+        return mha(new, new, new, is_causal=True, cache=kv)[0]
+
+    def mla_step(absorb):
+        def step():
+            latent.length = length
+            return mla(new, cache=latent, absorb=absorb)[0]
+
+        return step
+
+    return {
+        "mha_no_cache": lambda: mha(prefix, prefix, prefix, is_causal=True)[0][:, -1:],
+        "mha_cache": mha_cache,
+        "mla_no_cache": lambda: mla(prefix)[0][:, -1:],
+        "mla_materialised": mla_step(False),
+        "mla_absorbed": mla_step(True),
+    }
+
+
+def main() -> None:
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(EMBED, HEADS).eval()
+    mla = MultiHeadLatentAttention(EMBED, HEADS, **MLA_DIMS).eval()
+    x = torch.randn(1, max(CONTEXTS) + 1, EMBED)
+    bytes_per_token = {
+        "mha": mha.new_cache(1, 1).nbytes,  # keys and values of 8 heads of 64, fp32
+        "mla": mla.new_cache(1, 1).nbytes,  # latent 128 + rotary key 32, fp32
+    }
+    results, wall_results = {}, {}
+    for length in CONTEXTS:
+        fns = contenders(length, mha, mla, x)
+        with torch.inference_mode():
+            outs = {name: fn() for name, fn in fns.items()}
+        for family in ("mha", "mla"):
+            ref = outs[f"{family}_no_cache"]
+            for name, out in outs.items():
+                if name.startswith(family):
+                    diff = float((out - ref).abs().max())
+                    assert diff < 1e-4, f"L={length}: {name} differs from no-cache by {diff}"
+        wall, times = interleaved_clocks(fns, warmup=WARMUP, repeat=REPEAT)
+        results[length], wall_results[length] = times, wall
+        print(f"L={length:5d} cpu " + "  ".join(f"{k} {1e3 * t:8.2f} ms" for k, t in times.items()),
+              flush=True)
+
+    ratios = {
+        length: {
+            "mha_no_cache / mha_cache": t["mha_no_cache"] / t["mha_cache"],
+            "mla_no_cache / mla_absorbed": t["mla_no_cache"] / t["mla_absorbed"],
+            "mla_materialised / mla_absorbed": t["mla_materialised"] / t["mla_absorbed"],
+            "mla_absorbed / mha_cache": t["mla_absorbed"] / t["mha_cache"],
+        }
+        for length, t in results.items()
+    }
+    for length, r in ratios.items():
+        print(f"L={length:5d}  " + "  ".join(f"{k}: {v:.2f}" for k, v in r.items()))
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    path = save_results(
+        "decode",
+        {
+            "stamp": stamp(THREADS),
+            "setting": {
+                "batch": 1,
+                "embed_dim": EMBED,
+                "num_heads": HEADS,
+                "mha_head_dim": EMBED // HEADS,
+                "mla": MLA_DIMS,
+                "dtype": "float32",
+                "mode": "one decode step, forward, inference_mode",
+                "warmup": WARMUP + 1,
+                "repeat": REPEAT,
+            },
+            "load_average": load,
+            "cache_bytes_per_token": bytes_per_token,
+            "contexts": CONTEXTS,
+            "clock": "ratios and median_cpu_s: time.thread_time of the one compute thread",
+            "median_cpu_s": {str(k): v for k, v in results.items()},
+            "median_wall_s": {str(k): v for k, v in wall_results.items()},
+            "ratios": {str(k): v for k, v in ratios.items()},
+        },
+    )
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""Tests for attention.positional: each encoding against its formula in float64 and against
+the implementations readers meet elsewhere (Hugging Face's Llama rotary code and T5's
+buckets, Meta's complex-number RoPE written out here, the ALiBi paper's slope rule), the
+relative property of RoPE as a property test, and the boundary errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from attention import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    relative_position_bucket,
+    rope_frequencies,
+    sinusoidal_positions,
+)
+
+DT = torch.float64
+
+
+def _randn(*shape, seed=0, dtype=DT):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# ---------------------------------------------------------------- sinusoidal
+
+
+@pytest.mark.parametrize(("n", "d", "base"), [(7, 6, 10000.0), (20, 16, 10000.0), (5, 4, 100.0)])
+def test_sinusoidal_positions_follow_the_formula(n, d, base):
+    pe = sinusoidal_positions(n, d, base=base, dtype=DT)
+    expected = torch.empty(n, d, dtype=DT)
+    for p in range(n):
+        for k in range(d // 2):
+            angle = p / base ** (2 * k / d)
+            expected[p, 2 * k], expected[p, 2 * k + 1] = math.sin(angle), math.cos(angle)
+    assert_close(pe, expected, atol=1e-12, rtol=0)
+
+
+def test_sinusoidal_positions_default_dtype_and_empty_shapes():
+    assert sinusoidal_positions(3, 4).dtype == torch.get_default_dtype()
+    assert sinusoidal_positions(0, 4).shape == (0, 4)
+    assert sinusoidal_positions(3, 0).shape == (3, 0)
+
+
+def test_sinusoidal_shift_is_one_rotation_for_every_position():
+    # PE[p + m] = M_m PE[p] with M_m block-diagonal 2x2 rotations that do not depend on p
+    n, d, m = 40, 8, 5
+    pe = sinusoidal_positions(n + m, d, dtype=DT)
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=DT) / d)
+    c, s = torch.cos(m * theta), torch.sin(m * theta)
+    rot = torch.zeros(d, d, dtype=DT)
+    for k in range(d // 2):  # (sin, cos) pair: sin(a+b) = sin a cos b + cos a sin b ...
+        rot[2 * k : 2 * k + 2, 2 * k : 2 * k + 2] = torch.stack(
+            [torch.stack([c[k], s[k]]), torch.stack([-s[k], c[k]])]
+        )
+    assert_close(pe[:n] @ rot.T, pe[m:], atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------- frequencies
+
+
+@pytest.mark.parametrize("d", [2, 8, 64])
+def test_rope_frequencies_follow_the_formula(d):
+    expected = torch.tensor([10000.0 ** (-2 * k / d) for k in range(d // 2)], dtype=DT)
+    assert_close(rope_frequencies(d), expected, atol=0, rtol=1e-15)
+    assert rope_frequencies(d).dtype == DT
+
+
+def test_rope_frequencies_scalings_follow_their_formulas():
+    d, s, base = 16, 4.0, 500.0
+    k = torch.arange(d // 2, dtype=DT)
+    plain = base ** (-2 * k / d)
+    assert_close(rope_frequencies(d, base=base, scaling={"type": "linear", "factor": s}), plain / s)
+    ntk = (base * s ** (d / (d - 2))) ** (-2 * k / d)
+    assert_close(rope_frequencies(d, base=base, scaling={"rope_type": "ntk", "factor": s}), ntk)
+    # NTK keeps the fastest pair and divides the slowest one's frequency by exactly s
+    got = rope_frequencies(d, base=base, scaling={"type": "ntk", "factor": s})
+    assert got[0] == 1.0
+    assert_close(got[-1], plain[-1] / s, atol=0, rtol=1e-14)
+
+
+def _angle_bound(ours, theirs, max_position):
+    """|angle difference| <= 2e-7 (P + 1) theta_k at every position p <= P."""
+    p = torch.arange(max_position + 1, dtype=DT)[:, None]
+    diff = (p * ours - p * theirs.to(DT)).abs()
+    assert bool((diff <= 2e-7 * (max_position + 1) * ours).all())
+
+
+@pytest.mark.parametrize(
+    ("rope_type", "factor", "seq_len", "ntk_factor"),
+    [("linear", 4.0, None, None), ("dynamic", 2.0, 64, 3.0), ("dynamic", 4.0, 128, 13.0)],
+)
+def test_rope_frequencies_match_transformers_scalings(rope_type, factor, seq_len, ntk_factor):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        rope_parameters={"rope_type": rope_type, "factor": factor, "rope_theta": 10000.0},
+    )
+    if rope_type == "linear":
+        theirs, _ = ROPE_INIT_FUNCTIONS["linear"](config, None)
+        ours = rope_frequencies(16, scaling={"type": "linear", "factor": factor})
+    else:  # dynamic NTK at seq_len L: a static NTK factor of factor * L / 32 - (factor - 1)
+        theirs, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, None, seq_len=seq_len)
+        assert factor * seq_len / 32 - (factor - 1) == ntk_factor
+        ours = rope_frequencies(16, scaling={"type": "ntk", "factor": ntk_factor})
+    _angle_bound(ours, theirs, max_position=4 * 32)
+
+
+# ---------------------------------------------------------------- apply_rope
+
+
+def _rope_by_matrices(x, positions, base=10000.0, interleaved=False):
+    """Multiply every row by its block rotation matrix, built entry by entry."""
+    *lead, n, d = x.shape
+    out = torch.empty_like(x)
+    for r in range(n):
+        rot = torch.zeros(d, d, dtype=DT)
+        for k in range(d // 2):
+            a, b = (2 * k, 2 * k + 1) if interleaved else (k, k + d // 2)
+            angle = int(positions[r]) * base ** (-2 * k / d)
+            rot[a, a], rot[a, b] = math.cos(angle), -math.sin(angle)
+            rot[b, a], rot[b, b] = math.sin(angle), math.cos(angle)
+        out[..., r, :] = x[..., r, :] @ rot.T
+    return out
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_apply_rope_is_a_rotation_of_each_pair(interleaved):
+    x = _randn(2, 3, 6, 8)
+    positions = torch.tensor([0, 1, 5, 17, 100, 3])
+    got = apply_rope(x, positions, interleaved=interleaved)
+    assert_close(got, _rope_by_matrices(x, positions, interleaved=interleaved), atol=1e-12, rtol=0)
+    assert_close(got.norm(dim=-1), x.norm(dim=-1), atol=1e-12, rtol=0)  # rotations keep norms
+
+
+def test_apply_rope_matches_hugging_face_llama():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    q, k = _randn(2, 4, 9, 16, seed=1), _randn(2, 2, 9, 16, seed=2)
+    position_ids = torch.tensor([list(range(9)), list(range(20, 29))])  # (b, n)
+
+    # the rotary class (cos/sin computed in float32 there): tolerance of float32 angles
+    cos, sin = LlamaRotaryEmbedding(config)(q, position_ids)
+    q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
+    ours_q = apply_rope(q, position_ids[:, None, :])  # (b, 1, n) broadcasts over heads
+    assert_close(ours_q, q_hf, atol=1e-5, rtol=0)
+    assert_close(apply_rope(k, position_ids[:, None, :]), k_hf, atol=1e-5, rtol=0)
+
+    # the same function fed float64 angles: the layouts agree to rounding
+    angles = position_ids[..., None].to(DT) * rope_frequencies(16)  # (b, n, d/2)
+    emb = torch.cat((angles, angles), dim=-1)
+    q_hf, k_hf = apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    assert_close(ours_q, q_hf, atol=1e-14, rtol=0)
+
+
+def _meta_rope(x, positions, base=10000.0):
+    """Meta's llama form: pairs (2k, 2k+1) as complex numbers times exp(i p theta_k)."""
+    d = x.shape[-1]
+    theta = 1.0 / base ** (torch.arange(0, d, 2, dtype=DT)[: d // 2] / d)
+    freqs_cis = torch.polar(torch.ones(len(positions), d // 2, dtype=DT), torch.outer(positions.to(DT), theta))
+    x_c = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(x_c * freqs_cis).flatten(-2)
+
+
+def test_apply_rope_interleaved_matches_metas_complex_form():
+    x = _randn(3, 2, 11, 12, seed=3)
+    positions = torch.arange(40, 51)
+    assert_close(apply_rope(x, positions, interleaved=True), _meta_rope(x, positions), atol=1e-12, rtol=0)
+
+
+def test_the_two_layouts_differ_by_a_fixed_feature_permutation():
+    d = 10
+    x = _randn(4, 7, d, seed=4)
+    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])  # (2k, 2k+1) -> (k, k+d/2)
+    inverse = torch.argsort(perm)
+    half = apply_rope(x[..., perm], interleaved=False)[..., inverse]
+    assert torch.equal(half, apply_rope(x, interleaved=True))  # the same products, exactly
+
+
+@given(
+    offset=st.integers(-100_000, 100_000),
+    n=st.integers(1, 6),
+    half_d=st.integers(1, 8),
+    seed=st.integers(0, 2**16),
+    interleaved=st.booleans(),
+)
+def test_rope_scores_depend_only_on_the_distance(offset, n, half_d, seed, interleaved):
+    q, k = _randn(n, 2 * half_d, seed=seed), _randn(n, 2 * half_d, seed=seed + 1)
+    positions = torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(seed))
+
+    def scores(p):
+        return apply_rope(q, p, interleaved=interleaved) @ apply_rope(k, p, interleaved=interleaved).T
+
+    # float64 angles of size |offset| carry an error of about |offset| * 1e-16
+    assert_close(scores(positions + offset), scores(positions), atol=1e-9, rtol=0)
+
+
+def test_apply_rope_default_positions_broadcasting_and_dtype():
+    x = _randn(2, 3, 5, 4)
+    assert torch.equal(apply_rope(x), apply_rope(x, torch.arange(5)))
+    per_batch = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])[:, None, :]  # (b, 1, n)
+    got = apply_rope(x, per_batch)
+    assert torch.equal(got[1], apply_rope(x[1], torch.arange(7, 12)))
+    assert torch.equal(apply_rope(x, torch.tensor([3])), apply_rope(x, torch.full((5,), 3)))
+    for dtype in (torch.float32, torch.bfloat16):
+        y = apply_rope(x.to(dtype))
+        assert y.dtype == dtype and y.shape == x.shape
+
+
+def test_linear_scaling_divides_the_positions():
+    x = _randn(6, 8, seed=5)
+    scaled = apply_rope(x, torch.arange(0, 24, 4), scaling={"type": "linear", "factor": 4.0})
+    assert_close(scaled, apply_rope(x, torch.arange(6)), atol=1e-14, rtol=0)
+
+
+# ---------------------------------------------------------------- ALiBi
+
+
+def _paper_slopes(h):
+    """The ALiBi paper's rule: 2^(-8k/h) for a power of two; otherwise the slopes of the
+    closest smaller power of two, then every other slope of the next power of two."""
+    if math.log2(h).is_integer():
+        return [2 ** (-8 * k / h) for k in range(1, h + 1)]
+    below = 2 ** math.floor(math.log2(h))
+    return _paper_slopes(below) + _paper_slopes(2 * below)[::2][: h - below]
+
+
+@pytest.mark.parametrize("h", [1, 2, 4, 8, 12, 16, 24])
+def test_alibi_slopes_are_the_papers(h):
+    got = alibi_slopes(h)
+    assert got.shape == (h,) and got.dtype == DT
+    assert_close(got, torch.tensor(_paper_slopes(h), dtype=DT), atol=0, rtol=1e-15)
+
+
+def test_alibi_slopes_known_values():
+    assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
+    twelve = alibi_slopes(12)
+    assert twelve[:8].tolist() == [2.0**-k for k in range(1, 9)]
+    assert_close(twelve[8:], torch.tensor([2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5], dtype=DT))
+
+
+@pytest.mark.parametrize(("i", "j"), [(5, 5), (2, 6), (1, 4), (0, 3)])
+def test_alibi_bias_formula_and_use_as_float_mask(i, j):
+    h = 3
+    bias = alibi_bias(h, i, j, dtype=DT)
+    slopes = _paper_slopes(h)
+    expected = torch.tensor(
+        [[[-slopes[n] * abs((q + j - i) - k) for k in range(j)] for q in range(i)] for n in range(h)],
+        dtype=DT,
+    ).reshape(h, i, j)
+    assert_close(bias, expected, atol=1e-15, rtol=0)
+    # as a float attn_mask of torch's SDPA: the softmax of the biased scores
+    q, k, v = _randn(2, h, i, 4, seed=6), _randn(2, h, j, 4, seed=7), _randn(2, h, j, 3, seed=8)
+    manual = torch.softmax(q @ k.transpose(-2, -1) / 2.0 + bias, dim=-1) @ v
+    assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=bias), manual, atol=1e-12, rtol=0)
+
+
+def test_alibi_bias_default_dtype():
+    assert alibi_bias(2, 3, 3).dtype == torch.get_default_dtype()
+
+
+# ---------------------------------------------------------------- T5 buckets
+
+
+@pytest.mark.parametrize(
+    ("bidirectional", "num_buckets", "max_distance"),
+    [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 16, 64), (True, 33, 100)],
+)
+def test_relative_position_bucket_matches_t5(bidirectional, num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    rel = torch.arange(-600, 601)
+    ours = relative_position_bucket(
+        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    theirs = T5Attention._relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
+    assert ours.dtype == torch.int64
+    assert torch.equal(ours, theirs.to(torch.int64))
+    assert int(ours.min()) >= 0 and int(ours.max()) < num_buckets
+
+
+def test_relative_position_bucket_of_a_query_key_grid():
+    q, k = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    buckets = relative_position_bucket(k - q, bidirectional=False)
+    assert buckets.shape == (5, 5)
+    assert torch.equal(buckets.diagonal(-1), torch.ones(4, dtype=torch.int64))  # one key back
+    assert bool((buckets.triu(1) == 0).all())  # future keys: bucket 0 in a decoder
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_odd_feature_sizes_are_refused():
+    with pytest.raises(ValueError, match="d must be even .* got 5"):
+        sinusoidal_positions(4, 5)
+    with pytest.raises(ValueError, match="d must be even .* got 7"):
+        rope_frequencies(7)
+    with pytest.raises(ValueError, match="last dimension d of x must be even .* got 3"):
+        apply_rope(torch.randn(4, 3))
+
+
+def test_non_integer_positions_are_refused():
+    with pytest.raises(TypeError, match="positions must be an integer tensor .* torch.float32"):
+        apply_rope(torch.randn(3, 4), torch.tensor([0.0, 0.5, 1.0]))
+    with pytest.raises(TypeError, match="relative_position must be an integer tensor"):
+        relative_position_bucket(torch.tensor([0.5]))
+    with pytest.raises(TypeError, match="positions must be a torch.Tensor"):
+        apply_rope(torch.randn(3, 4), [0, 1, 2])
+
+
+def test_positions_of_the_wrong_shape_are_refused():
+    with pytest.raises(ValueError, match=r"must broadcast .* got \(4,\) and \(3,\)"):
+        apply_rope(torch.randn(3, 4), torch.arange(4))
+
+
+def test_unknown_or_malformed_scaling_is_refused():
+    with pytest.raises(ValueError, match="scaling type must be one of .*'yarn'"):
+        rope_frequencies(8, scaling={"type": "yarn", "factor": 2.0})
+    with pytest.raises(TypeError, match="scaling must be a dict or None, got float"):
+        apply_rope(torch.randn(3, 4), scaling=2.0)
+    with pytest.raises(ValueError, match="needs a 'factor'"):
+        rope_frequencies(8, scaling={"type": "linear"})
+    with pytest.raises(ValueError, match=r"factor'\] must be finite and > 0, got -2"):
+        rope_frequencies(8, scaling={"type": "linear", "factor": -2.0})
+    with pytest.raises(ValueError, match="accepts the keys"):
+        rope_frequencies(8, scaling={"type": "linear", "factor": 2.0, "beta": 1})
+    with pytest.raises(ValueError, match="disagree"):
+        rope_frequencies(8, scaling={"type": "linear", "rope_type": "ntk", "factor": 2.0})
+    with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
+        rope_frequencies(2, scaling={"type": "ntk", "factor": 2.0})
+
+
+def test_negative_sizes_and_bools_as_ints_are_refused():
+    with pytest.raises(ValueError, match="n must be >= 0, got -1"):
+        sinusoidal_positions(-1, 4)
+    with pytest.raises(TypeError, match="n must be an int, got bool"):
+        sinusoidal_positions(True, 4)
+    with pytest.raises(ValueError, match="num_heads must be >= 1, got 0"):
+        alibi_slopes(0)
+    with pytest.raises(TypeError, match="num_heads must be an int, got bool"):
+        alibi_bias(True, 2, 2)
+    with pytest.raises(ValueError, match="i <= j is needed, got i=3 and j=2"):
+        alibi_bias(2, 3, 2)
+
+
+def test_bad_flags_bases_and_dtypes_are_refused():
+    with pytest.raises(TypeError, match="interleaved must be a bool .*got str"):
+        apply_rope(torch.randn(3, 4), interleaved="yes")
+    with pytest.raises(TypeError, match="bidirectional must be a bool .*got int"):
+        relative_position_bucket(torch.tensor([1]), bidirectional=1)
+    with pytest.raises(ValueError, match="base must be finite and > 0, got 0"):
+        rope_frequencies(8, base=0.0)
+    with pytest.raises(TypeError, match="base must be a float, got bool"):
+        sinusoidal_positions(3, 4, base=True)
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype, got torch.int64"):
+        sinusoidal_positions(3, 4, dtype=torch.int64)
+    with pytest.raises(TypeError, match="x must have a floating-point dtype"):
+        apply_rope(torch.arange(8).reshape(2, 4))
+
+
+def test_unusable_bucket_settings_are_refused():
+    with pytest.raises(ValueError, match="at least 2 buckets per direction"):
+        relative_position_bucket(torch.tensor([1]), num_buckets=2)
+    with pytest.raises(ValueError, match="max_distance must exceed the 8 exact buckets"):
+        relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=8)
