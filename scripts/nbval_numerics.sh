@@ -22,10 +22,10 @@ case "$env_name" in
   avx2) export ATEN_CPU_CAPABILITY=avx2 ;;
   compatible) export MKL_CBWR=COMPATIBLE ;;
   auto) export MKL_CBWR=AUTO ;;
-  ftz) export IPYTHONDIR="$PWD/tests/numerics/ipython" ;;
+  ftz) export IPYTHONDIR="$PWD/scripts/numerics/ipython" ;;
   other)
     export ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
-    export IPYTHONDIR="$PWD/tests/numerics/ipython" ;;
+    export IPYTHONDIR="$PWD/scripts/numerics/ipython" ;;
   *) echo "unknown ENV '$env_name'" >&2; exit 2 ;;
 esac
 if [ $# -eq 0 ]; then set -- chapters; fi

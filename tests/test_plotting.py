@@ -13,7 +13,6 @@ import torch
 
 from attention import (
     causal_mask,
-    decoding_mask,
     plot_attention,
     plot_grid,
     plot_heads,
@@ -21,6 +20,7 @@ from attention import (
     setup_notebook,
     use_course_style,
 )
+from attention.masks import decoding_mask
 from attention.plotting import MAX_FIGURE_WIDTH, MAX_TICKS
 
 ROOT = Path(__file__).resolve().parents[1]
