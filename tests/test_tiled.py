@@ -132,6 +132,13 @@ def test_broadcast_batch_dims_and_unbatched():
     out = tiled_attention(q, k, v, block_size=4, is_causal=True)
     assert out.shape == (2, 3, 11, 5)
     torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    q, k, _ = qkv(11, batch=(1, 3), grad=True)
+    _, _, v = qkv(11, batch=(2, 3), seed=5, grad=True)  # only the values carry the batch
+    out = tiled_attention(q, k, v, block_size=4, is_causal=True)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
     q, k, v = qkv(9, batch=())
     torch.testing.assert_close(tiled_attention(q, k, v, block_size=2), scaled_dot_product_attention(q, k, v))
 

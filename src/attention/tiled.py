@@ -121,11 +121,11 @@ def _tiles(query, key, mask, is_causal, scale, block_size):
         if r0 >= i:
             break
         scores = query[..., r0:, :] @ key[..., j0:j1, :].transpose(-2, -1)  # (..., i - r0, blk)
-        scores = scores * scale
+        scores.mul_(scale)  # in place: the kernels run without autograd, and tiles are the memory
         if is_causal:
             rows = torch.arange(r0, i, device=query.device).unsqueeze(-1)  # (i - r0, 1)
             cols = torch.arange(j0, j1, device=query.device)  # (blk,)
-            scores = scores.masked_fill(cols > rows, -_INF)
+            scores.masked_fill_(cols > rows, -_INF)
         if mask is not None:
             tile = mask[..., r0:, j0:j1]  # a view: the mask is sliced, never expanded
             if tile.dtype == torch.bool:
@@ -133,6 +133,14 @@ def _tiles(query, key, mask, is_causal, scale, block_size):
             else:
                 scores = scores + tile
         yield j0, j1, r0, scores
+
+
+def _sub_exp(scores: Tensor, shift: Tensor) -> Tensor:
+    """``exp(scores - shift)``, in place when the result has the tile's shape (no new tile)."""
+    aligned = zip(reversed(scores.shape), reversed(shift.shape))
+    if shift.dim() <= scores.dim() and all(s in (1, t) for t, s in aligned):
+        return scores.sub_(shift).exp_()
+    return torch.exp(scores - shift)  # value's batch dims are wider than the tile's
 
 
 def _forward(query, key, value, mask, is_causal, scale, block_size):
@@ -152,8 +160,8 @@ def _forward(query, key, value, mask, is_causal, scale, block_size):
             m_old = m[..., r0:, :]  # views: the updates below write into m, l, acc
             m_new = torch.maximum(m_old, scores.amax(dim=-1, keepdim=True))
             shift = _shift(m_new)  # rows with nothing visible yet stay at shift 0
-            p = torch.exp(scores - shift)  # (..., i - r0, blk); masked entries are exactly 0
             alpha = torch.exp(m_old - shift)  # rescales the old sums; 0 while m_old = -inf
+            p = _sub_exp(scores, shift)  # (..., i - r0, blk); masked entries are exactly 0
             l[..., r0:, :] = l[..., r0:, :] * alpha + p.sum(dim=-1, keepdim=True)
             acc[..., r0:, :] = acc[..., r0:, :] * alpha + p @ value[..., j0:j1, :]
             m_old.copy_(m_new)
@@ -183,12 +191,12 @@ def _backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, 
     dk, dv = torch.zeros_like(key), torch.zeros_like(value)
     with torch.no_grad():
         for j0, j1, r0, scores in _tiles(query, key, mask, is_causal, scale, block_size):
-            p = torch.exp(scores - lse[..., r0:, :])  # (..., i - r0, blk): the weights
+            p = _sub_exp(scores, lse[..., r0:, :])  # (..., i - r0, blk): the weights
             g = dout[..., r0:, :]  # (..., i - r0, e)
             blk = j1 - j0
             dv[..., j0:j1, :] += (p.transpose(-2, -1) @ g).sum_to_size(*value.shape[:-2], blk, value.shape[-1])
             dp = g @ value[..., j0:j1, :].transpose(-2, -1)  # (..., i - r0, blk)
-            ds = p * (dp - delta[..., r0:, :])  # the softmax's backward, one tile at a time
+            ds = dp.sub_(delta[..., r0:, :]).mul_(p)  # dS = P * (dP - D), the softmax's backward
             dq[..., r0:, :] += (ds @ key[..., j0:j1, :]) * scale
             dk[..., j0:j1, :] += ((ds.transpose(-2, -1) @ query[..., r0:, :]) * scale).sum_to_size(
                 *key.shape[:-2], blk, key.shape[-1]
