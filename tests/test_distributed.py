@@ -73,11 +73,9 @@ def _message(fn):
 def _all_checks(rank, world_size):
     """The 4-process run: every configuration on 4 ranks, on 2 ranks (sub-groups), and bad input."""
     q, k, v, go = _inputs()
-    results = {}
-    for layout, is_causal, scale in CONFIGS:
-        results[4, layout, is_causal, scale] = ring_forward_backward(
-            rank, world_size, q, k, v, go, is_causal, scale, layout
-        )
+    configs = [{"layout": lay, "is_causal": c, "scale": s} for lay, c, s in CONFIGS]
+    runs = ring_forward_backward(rank, world_size, q, k, v, go, configs)
+    results = {(4, *config): run for config, run in zip(CONFIGS, runs, strict=True)}
     # Two groups of two ranks run side by side; each rank passes its own group.
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = pairs[rank // 2]
@@ -183,7 +181,7 @@ def test_no_process_group_raises():
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_one_rank_equals_sdpa(one_process_group, layout, is_causal):
     q, k, v, go = _inputs(10)
-    got = ring_forward_backward(0, 1, q, k, v, go, is_causal, 0.7, layout)
+    (got,) = ring_forward_backward(0, 1, q, k, v, go, [{"layout": layout, "is_causal": is_causal, "scale": 0.7}])
     for a, b in zip(got, _reference(q, k, v, go, is_causal, 0.7), strict=True):
         torch.testing.assert_close(a, b)
 

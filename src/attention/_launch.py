@@ -105,6 +105,12 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
     world_size = check_int("world_size", world_size, minimum=1)
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise TypeError(
+            f"fn must be importable by the spawned processes, but {fn.__qualname__!r} was defined "
+            "interactively (a notebook cell or the REPL): define it in a module"
+        )
     try:
         payload = pickle.dumps((fn, args))
         pickle.loads(payload)  # what the processes will do: fails for a function not importable

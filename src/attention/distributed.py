@@ -38,11 +38,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
 from ._launch import run_distributed
-from .tiled import _backward, _forward
+from ._ring import _Ring, _RingAttention
 
 __all__ = [
     "ring_attention",
@@ -215,114 +214,21 @@ def ring_schedule(world_size: int, *, layout: str = "contiguous", is_causal: boo
 # ----------------------------------------------------------------------------- the ring
 
 
-def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
-    """Merge a block's partial ``(out_b, lse_b)`` into ``(out, lse)`` in place, by log-sum-exp."""
-    new = torch.logaddexp(lse, lse_b)  # (..., i)
-    safe = torch.where(torch.isneginf(new), 0.0, new)  # rows with no visible key so far: weights 0
-    out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(out_b * torch.exp(lse_b - safe).unsqueeze(-1))
-    lse.copy_(new)
+def _steps(rank: int, world_size: int, layout: str, is_causal: bool, n_local: int) -> list:
+    """Per step of the ring, the tiles this rank computes: ``(query slice, key slice, diagonal)``.
 
-
-class _Ring:
-    """One rank's view of the ring: its neighbours, and per step the tiles it computes.
-
-    ``steps[t]`` lists ``(query slice, key slice, diagonal)``: local slices of the query
-    shard and of the key/value block held at step ``t``; ``diagonal`` marks a chunk against
-    itself, which takes the top-left causal mask.
+    Slices are local: into the query shard and into the key/value block held at that step;
+    ``diagonal`` marks a chunk against itself, which takes the top-left causal mask.
     """
-
-    def __init__(self, group, world_size: int, rank: int, layout: str, is_causal: bool, n_local: int):
-        self.group, self.world_size = group, world_size
-        self.next, self.prev = (rank + 1) % world_size, (rank - 1) % world_size
-        size = n_local // len(_chunks_of(rank, world_size, layout))
-        local = {}  # global chunk index -> its slice within the shard of the rank holding it
-        for r in range(world_size):
-            for k, c in enumerate(_chunks_of(r, world_size, layout)):
-                local[c] = slice(k * size, (k + 1) * size)
-        schedule = ring_schedule(world_size, layout=layout, is_causal=is_causal)
-        if is_causal:
-            self.steps = [[(local[a], local[b], kind == "diagonal") for a, b, kind in step[rank]["pairs"]]
-                          for step in schedule]  # fmt: skip
-        else:  # every pair is full: one tile, the whole query shard against the whole block
-            self.steps = [[(slice(None), slice(None), False)] for _ in schedule]
-
-    def exchange(self, send: list[Tensor], recv: list[Tensor], tag: int) -> list:
-        """Start sending ``send`` to the next rank and receiving ``recv`` from the previous one."""
-        ops = [dist.P2POp(dist.isend, t, group=self.group, group_peer=self.next, tag=tag + k) for k, t in enumerate(send)]
-        ops += [dist.P2POp(dist.irecv, t, group=self.group, group_peer=self.prev, tag=tag + k) for k, t in enumerate(recv)]
-        return dist.batch_isend_irecv(ops) if ops else []
-
-
-def _wait(works: list) -> None:
-    for w in works:
-        w.wait()
-
-
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, query, key, value, ring, is_causal, scale, block_size):
-        batch = broadcast_shapes("batch dims", query.shape[:-2], key.shape[:-2], value.shape[:-2])
-        opts = {"dtype": query.dtype, "device": query.device}
-        out = torch.zeros((*batch, query.shape[-2], value.shape[-1]), **opts)
-        lse = torch.full((*batch, query.shape[-2]), -math.inf, **opts)
-        k_cur, v_cur = key.contiguous(), value.contiguous()
-        for t, step in enumerate(ring.steps):
-            works, k_next, v_next = [], None, None
-            if t < ring.world_size - 1:  # prefetch the next block while this one is computed
-                k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
-                works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
-            for qa, kb, diagonal in step:
-                o, o_lse = _forward(query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :], None,
-                                    diagonal, scale, block_size)  # fmt: skip
-                _merge(out[..., qa, :], lse[..., qa], o, o_lse)
-            _wait(works)
-            k_cur, v_cur = k_next, v_next
-        ctx.save_for_backward(query, key, value, out, lse)
-        ctx.options = (ring, scale, block_size)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        query, key, value, out, lse = ctx.saved_tensors
-        ring, scale, block_size = ctx.options
-        delta = (dout * out).sum(dim=-1)  # D = rowsum(dO * O), (..., n_local)
-        dq = torch.zeros_like(query)
-        k_cur, v_cur = key.contiguous(), value.contiguous()
-        sends = []  # in-flight sends of gradient accumulators, waited for at the end
-        for t, step in enumerate(ring.steps):
-            kv_works, acc_works = [], []
-            if t < ring.world_size - 1:
-                k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
-                kv_works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
-            if t > 0:  # the accumulators of the block held now, from the rank that held it before
-                dk_acc, dv_acc = torch.empty_like(k_cur), torch.empty_like(v_cur)
-                acc_works = ring.exchange([], [dk_acc, dv_acc], tag=2)
-            dk_part, dv_part = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
-            for qa, kb, diagonal in step:
-                g = _backward(query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :], None,
-                              diagonal, scale, block_size, lse[..., qa], dout[..., qa, :],
-                              delta[..., qa])  # fmt: skip
-                dq[..., qa, :] += g[0]
-                dk_part[..., kb, :] += g[1]
-                dv_part[..., kb, :] += g[2]
-            _wait(acc_works)
-            if t > 0:
-                dk_part += dk_acc
-                dv_part += dv_acc
-            if ring.world_size > 1:  # pass them on; after the last step the next rank is their owner
-                sends.append((ring.exchange([dk_part, dv_part], [], tag=2), dk_part, dv_part))
-            else:
-                dk_own, dv_own = dk_part, dv_part
-            _wait(kv_works)
-            if t < ring.world_size - 1:
-                k_cur, v_cur = k_next, v_next
-        if ring.world_size > 1:  # our own block's accumulators, home from the previous rank
-            dk_own, dv_own = torch.empty_like(key), torch.empty_like(value)
-            _wait(ring.exchange([], [dk_own, dv_own], tag=2))
-        for works, *_buffers in sends:  # the buffers stay referenced until their sends complete
-            _wait(works)
-        return dq, dk_own, dv_own, None, None, None, None
+    schedule = ring_schedule(world_size, layout=layout, is_causal=is_causal)
+    if not is_causal:  # every pair is full: one tile, the whole query shard against the whole block
+        return [[(slice(None), slice(None), False)] for _ in schedule]
+    size = n_local // len(_chunks_of(rank, world_size, layout))
+    local = {}  # global chunk index -> its slice within the shard of the rank holding it
+    for r in range(world_size):
+        for k, c in enumerate(_chunks_of(r, world_size, layout)):
+            local[c] = slice(k * size, (k + 1) * size)
+    return [[(local[a], local[b], kind == "diagonal") for a, b, kind in step[rank]["pairs"]] for step in schedule]
 
 
 def _local_problems(query, key, value, is_causal, scale, layout, block_size) -> None:
@@ -454,8 +360,8 @@ def ring_attention(
         )
     d = query.shape[-1]
     scale = 1.0 if d == 0 else (1.0 / math.sqrt(d) if scale is None else float(scale))
-    ring = _Ring(group, world_size, rank, layout, is_causal, n_k)
-    return _RingAttention.apply(query, key, value, ring, is_causal, scale, min(block_size, max(n_k, 1)))
+    ring = _Ring(group, world_size, rank, _steps(rank, world_size, layout, is_causal, n_k))
+    return _RingAttention.apply(query, key, value, ring, scale, min(block_size, max(n_k, 1)))
 
 
 def ring_forward_backward(
@@ -465,27 +371,38 @@ def ring_forward_backward(
     key: Tensor,
     value: Tensor,
     grad_output: Tensor,
-    is_causal: bool = False,
-    scale: float | None = None,
-    layout: str = "contiguous",
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    configs: Sequence[dict] = ({},),
+) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
     """A worker for :func:`run_distributed`: ring attention forward and backward on whole tensors.
 
-    Every rank cuts its shard of ``query``, ``key``, ``value`` ``(b, h, n, *)`` and of the
-    output gradient with :func:`shard_sequence`, runs :func:`ring_attention` and its
-    backward, then all-gathers the shards of the output and of the three gradients and
-    reassembles them with :func:`unshard_sequence`.
+    For each configuration, every rank cuts its shard of ``query``, ``key``, ``value``
+    ``(b, h, n, *)`` and of the output gradient with :func:`shard_sequence`, runs
+    :func:`ring_attention` and its backward, then all-gathers the shards of the output and
+    of the three gradients and reassembles them with :func:`unshard_sequence`. Several
+    configurations share one start of the processes, which is the slow part.
+
+    Args:
+        rank, world_size: given by :func:`run_distributed`.
+        query, key, value, grad_output: the whole sequence, the same on every rank.
+        configs: dicts of :func:`ring_attention`'s keyword options (``is_causal``,
+            ``scale``, ``layout``, ``block_size``), one run each.
 
     Returns:
-        ``(output, grad_query, grad_key, grad_value)`` over the whole sequence, on every rank.
+        For each configuration, ``(output, grad_query, grad_key, grad_value)`` over the
+        whole sequence (on every rank).
     """
-    q, k, v, g = (shard_sequence(t, world_size, rank, layout=layout).detach() for t in (query, key, value, grad_output))
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = ring_attention(q, k, v, is_causal=is_causal, scale=scale, layout=layout)
-    out.backward(g)
     results = []
-    for local in (out.detach(), q.grad, k.grad, v.grad):
-        shards = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(shards, local.contiguous())
-        results.append(unshard_sequence(shards, layout=layout))
-    return tuple(results)
+    for options in configs:
+        layout = options.get("layout", "contiguous")
+        shards = [shard_sequence(t, world_size, rank, layout=layout).detach().clone()
+                  for t in (query, key, value, grad_output)]  # fmt: skip
+        q, k, v = (t.requires_grad_() for t in shards[:3])
+        out = ring_attention(q, k, v, **options)
+        out.backward(shards[3])
+        whole = []
+        for local in (out.detach(), q.grad, k.grad, v.grad):
+            parts = [torch.empty_like(local) for _ in range(world_size)]
+            dist.all_gather(parts, local.contiguous())
+            whole.append(unshard_sequence(parts, layout=layout))
+        results.append(tuple(whole))
+    return results
