@@ -347,8 +347,9 @@ def ring_attention(
         if summary != everyone[0][0]:
             raise ValueError(
                 "every rank must pass shards of one shape and dtype with the same is_causal, "
-                f"scale and layout; got (query, key, value, dtype, is_causal, scale, layout) = "
-                f"{everyone[0][0]} on rank 0 and {summary} on rank {r}"
+                "scale and layout (shards of unequal length come from a sequence length n not "
+                f"divisible by P = {world_size}); got (query, key, value, dtype, is_causal, scale, "
+                f"layout) = {everyone[0][0]} on rank 0 and {summary} on rank {r}"
             )
     n_q, n_k = query.shape[-2], key.shape[-2]
     if is_causal and n_q != n_k:
