@@ -132,6 +132,13 @@ def test_broadcast_batch_dims_and_unbatched():
     out = tiled_attention(q, k, v, block_size=4, is_causal=True)
     assert out.shape == (2, 3, 11, 5)
     torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    q, k, _ = qkv(11, batch=(1, 3), grad=True)
+    _, _, v = qkv(11, batch=(2, 3), seed=5, grad=True)  # only the values carry the batch
+    out = tiled_attention(q, k, v, block_size=4, is_causal=True)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
     q, k, v = qkv(9, batch=())
     torch.testing.assert_close(tiled_attention(q, k, v, block_size=2), scaled_dot_product_attention(q, k, v))
 
@@ -313,3 +320,196 @@ def test_rejects_mask_together_with_is_causal_and_bad_masks():
         tiled_attention(q, k, v, is_causal=1)
     with pytest.raises(TypeError, match="scale must be a float or None, got str"):
         tiled_attention(q, k, v, scale="1")
+
+
+def test_rejects_bad_flags_and_mixed_devices():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError, match="enable_gqa must be a bool, got str"):
+        tiled_attention(q, k, v, enable_gqa="no")
+    with pytest.raises(TypeError, match="return_lse must be a bool, got int"):
+        tiled_attention(q, k, v, return_lse=1)
+    with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
+        tiled_attention(q, k, v, scale=True)
+    with pytest.raises(ValueError, match="must be on one device, got query on cpu, key on meta"):
+        tiled_attention(q, k.to("meta"), v)
+    with pytest.raises(ValueError, match="query heads must be a multiple of the key/value heads"):
+        tiled_attention(q, k[:, :2], v[:, :2], enable_gqa=True)
+
+
+def test_options_are_keyword_only():
+    q, k, v = qkv(4)
+    with pytest.raises(TypeError):
+        tiled_attention(q, k, v, None)
+
+
+# ----------------------------------------------------------------------------- the recomputing backward
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("i, j, block_size", [(11, 11, 4), (7, 10, 3), (10, 6, 4)])
+def test_gradcheck(is_causal, i, j, block_size):
+    q, k, v = qkv(i, j, d=4, e=3, batch=(2,), grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal, return_lse=True),
+        (q, k, v),
+    )
+
+
+def test_gradcheck_masks_scale_broadcast_and_gqa():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = qkv(9, 10, d=3, e=2, batch=(2, 2), grad=True)
+    mask = torch.rand(2, 9, 10, generator=g) > 0.4
+    mask[1, 2] = False  # a query with no visible key
+    bias = torch.randn(1, 9, 10, generator=g, dtype=F64)
+    check = lambda fn, *inputs: torch.autograd.gradcheck(fn, inputs, fast_mode=True)  # noqa: E731
+    for kwargs in ({"attn_mask": mask}, {"attn_mask": bias, "scale": 0.4}):
+        assert check(lambda q, k, v, kw=kwargs: tiled_attention(q, k, v, block_size=3, **kw), q, k, v)
+    k1, v1 = (t.detach()[:1].clone().requires_grad_() for t in (k, v))  # batch dims broadcast
+    assert check(lambda q, k, v: tiled_attention(q, k, v, block_size=4, is_causal=True), q, k1, v1)
+    kg, vg = (t.detach()[:, :1].clone().requires_grad_() for t in (k, v))  # 2 query heads, 1 kv head
+    assert check(lambda q, k, v: tiled_attention(q, k, v, block_size=4, enable_gqa=True, attn_mask=mask), q, kg, vg)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gradients_equal_torch_sdpa_at_1000_in_float32(is_causal):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 1000, 32, generator=g).requires_grad_() for _ in range(3))
+    weight = torch.randn(1, 2, 1000, 32, generator=g)
+    out = tiled_attention(q, k, v, block_size=128, is_causal=is_causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad((out * weight).sum(), (q, k, v)),
+                    torch.autograd.grad((ref * weight).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_gqa_equals_torch_with_gradients():
+    q, _, _ = qkv(12, batch=(2, 6), grad=True)
+    _, k, v = qkv(12, batch=(2, 2), seed=1, grad=True)
+    mask = torch.rand(6, 12, 12, generator=torch.Generator().manual_seed(2)) > 0.3
+    for kwargs in ({"is_causal": True}, {"attn_mask": mask}, {"attn_mask": mask[:1]}):
+        out = tiled_attention(q, k, v, block_size=5, enable_gqa=True, **kwargs)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+        torch.testing.assert_close(out, ref)
+        for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def _count_saved(fn):
+    """Tensors autograd saves while ``fn()`` runs, as a list of shapes."""
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, saved
+
+
+def test_only_qkv_output_and_lse_are_saved():
+    q, k, v = qkv(40, 30, grad=True)  # (2, 3, 40, 8), (2, 3, 30, 8), (2, 3, 30, 5)
+    out, saved = _count_saved(lambda: tiled_attention(q, k, v, block_size=8, is_causal=True))
+    assert saved == [(2, 3, 40, 8), (2, 3, 30, 8), (2, 3, 30, 5), (2, 3, 40, 5), (2, 3, 40)]
+    assert len(out.grad_fn.saved_tensors) == 5
+    mask = torch.arange(30) < 20
+    _, saved = _count_saved(lambda: tiled_attention(q, k, v, block_size=8, attn_mask=mask))
+    assert saved[-1] == (1, 30) and len(saved) == 6  # and the mask, a view, not expanded
+    # plain autograd through the same tiles would keep every tile: far more numbers
+    _, naive = _count_saved(lambda: scaled_dot_product_attention(q, k, v))
+    assert sum(torch.Size(s).numel() for s in naive) > 40 * 30 * 6
+
+
+def test_query_with_no_visible_key_gets_zero_gradient_and_float_mask_none():
+    q, k, v = qkv(6, 8, grad=True)
+    mask = torch.ones(6, 8, dtype=torch.bool)
+    mask[2] = False
+    out, lse = tiled_attention(q, k, v, block_size=3, attn_mask=mask, return_lse=True)
+    (dq,) = torch.autograd.grad((out.sum() + lse[..., [0, 1, 3, 4, 5]].sum()), (q,))
+    assert (dq[..., 2, :] == 0).all() and (out[..., 2, :] == 0).all()  # exact: the tile weights are 0
+    bias = torch.randn(6, 8, dtype=F64, requires_grad=True)
+    tiled_attention(q, k, v, attn_mask=bias).sum().backward()
+    assert bias.grad is None and q.grad is not None
+
+
+def test_gradient_through_lse_only():
+    q, k, v = qkv(15, 9, grad=True)
+    _, lse = tiled_attention(q, k, v, block_size=4, return_lse=True)
+    scores = q @ k.transpose(-2, -1) / 8**0.5
+    ga = torch.autograd.grad(lse.sum(), (q, k, v), allow_unused=True)
+    gb = torch.autograd.grad(torch.logsumexp(scores, -1).sum(), (q, k))
+    torch.testing.assert_close(ga[0], gb[0])
+    torch.testing.assert_close(ga[1], gb[1])
+    assert (ga[2] == 0).all()  # the lse does not depend on the values
+
+
+# ----------------------------------------------------------------------------- edge input as torch
+
+
+def test_nan_propagates_as_in_torch():
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q, k, v = qkv(6, 7)
+    k2 = k.clone()
+    k2[0, 1, 4, 2] = float("nan")  # one key of one head of one batch entry
+    out = tiled_attention(q, k2, v, block_size=3)
+    torch.testing.assert_close(out, sdpa(q, k2, v), equal_nan=True)
+    assert out[0, 1].isnan().all() and not out[1].isnan().any() and not out[0, 0].isnan().any()
+    # causally, only the queries that see key 4 become NaN
+    out = tiled_attention(q, k2, v, block_size=3, is_causal=True)
+    assert out[0, 1, 4:].isnan().all() and not out[0, 1, :4].isnan().any()
+    torch.testing.assert_close(out[0, 1, :4], sdpa(q, k, v, is_causal=True)[0, 1, :4])
+    # a NaN scale reaches every row, masked or not
+    mask = torch.ones(6, 7, dtype=torch.bool)
+    mask[3] = False
+    nan_scale = tiled_attention(q, k, v, scale=float("nan"), attn_mask=mask)
+    assert nan_scale.isnan().all() and sdpa(q, k, v, scale=float("nan"), attn_mask=mask).isnan().all()
+    # a NaN in a float mask makes its row NaN
+    bias = torch.zeros(6, 7, dtype=F64)
+    bias[1, 5] = float("nan")
+    torch.testing.assert_close(tiled_attention(q, k, v, attn_mask=bias), sdpa(q, k, v, attn_mask=bias), equal_nan=True)
+
+
+def test_overflowed_rows_are_nan_as_in_torch():
+    q, k, v = (t.float() for t in qkv(5, 6))
+    q[0, 0, 2] = 1e30
+    k[0, 0, 1] = 1e10  # the score of query 2 and key 1 overflows float32 to +inf
+    out = tiled_attention(q, k, v, block_size=2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert out[0, 0, 2].isnan().all() and ref[0, 0, 2].isnan().all()
+    torch.testing.assert_close(out, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("i, j, d, e", [(0, 5, 4, 3), (4, 0, 4, 3), (4, 5, 0, 3), (4, 5, 4, 0), (0, 0, 0, 0)])
+def test_empty_axes_as_in_torch(i, j, d, e):
+    q, k, v = qkv(i, j, d=d, e=e, grad=True)
+    for is_causal in (False, True):
+        out = tiled_attention(q, k, v, block_size=2, is_causal=is_causal)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        torch.testing.assert_close(out, ref)
+        if out.numel():
+            for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+                torch.testing.assert_close(a, b)
+
+
+def test_d_zero_ignores_the_scale_as_torch():
+    q, k, v = qkv(3, 4, d=0)
+    for scale in (None, float("nan"), 5.0):
+        torch.testing.assert_close(
+            tiled_attention(q, k, v, scale=scale),
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale),
+        )
+
+
+def test_huge_block_size_is_clamped():
+    q, k, v = qkv(5, 7, grad=True)
+    out = tiled_attention(q, k, v, block_size=10**15, is_causal=True)
+    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    grads(out, (q, k, v))
+
+
+def test_online_softmax_nan_and_inf_as_torch():
+    x = torch.tensor([[float("inf"), 1.0, 2.0], [float("nan"), 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=F64)
+    for block_size in (1, 2, 3):
+        torch.testing.assert_close(online_softmax(x, block_size=block_size), torch.softmax(x, -1), equal_nan=True)
+    assert online_softmax(x[:, :0]).shape == (3, 0)

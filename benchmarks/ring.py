@@ -1,0 +1,146 @@
+"""Ring attention on P = 1, 2, 4 local processes: time and memory per rank (chapter 13).
+
+One causal attention layer's forward and backward pass, fp32, batch 1, 4 heads,
+d = e = 64, N = 4096, tiles of 256 keys, sharded over P processes (gloo, one thread
+each) with the contiguous and the zigzag layout. On every rank it records
+
+* the extra peak resident memory of one forward + backward (``VmHWM`` after resetting it,
+  less the resident size before; glibc returns freed buffers at once, as in
+  ``_common.peak_memory_mib``);
+* the CPU time of the rank's process during a step (its own arithmetic and
+  communication, not the time it waits: robust to a shared machine), and the step's
+  wall time (barrier to barrier, the slowest rank).
+
+The machine has 2 cores: P = 4 processes share them, so no speed-up is expected from
+P = 4; the point is memory per rank and the balance of causal work. Runs for P = 1, 2, 4
+are interleaved (P = 1, 2, 4, 1, 2, 4, ...) and medians are reported, so a burst of load
+from other jobs hits all of them alike. Saves
+``src/attention/benchmark_results/ring.json``.
+
+Run: ``.venv/bin/python benchmarks/ring.py`` (several minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Return every freed buffer over 64 KiB to the system at once, so peaks are not hidden by
+# reused memory (inherited by the spawned ranks).
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save_results, stamp  # noqa: E402
+
+from attention.distributed import ring_attention, run_distributed, shard_sequence  # noqa: E402
+
+N, HEADS, DIM, BLOCK = 4096, 4, 64, 256
+WORLD_SIZES = [1, 2, 4]
+LAYOUTS = ["contiguous", "zigzag"]
+LAUNCHES = 3  # per P, interleaved
+TIMED_STEPS = 2  # per launch and layout
+
+
+def _status_mib(key: str) -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def _step(q, k, v, grad_out, layout):
+    """One causal layer's forward and backward on this rank's shard."""
+    out = ring_attention(q, k, v, is_causal=True, layout=layout, block_size=BLOCK)
+    return torch.autograd.grad(out, (q, k, v), grad_out)
+
+
+def measure(rank: int, world_size: int) -> list[dict]:
+    """Worker: per layout, this rank's peak memory and CPU time of forward + backward; all gathered."""
+    mine = {}
+    for layout in LAYOUTS:
+        g = torch.Generator().manual_seed(0)
+        full = [torch.randn(1, HEADS, N, DIM, generator=g) for _ in range(4)]  # q, k, v, dO
+        q, k, v, grad_out = (shard_sequence(t, world_size, rank, layout=layout).clone() for t in full)
+        del full
+        args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad_out, layout)
+        _step(*args)  # warm-up
+        dist.barrier()
+        before = _status_mib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak-resident counter
+        _step(*args)
+        peak = max(_status_mib("VmHWM") - before, 0.0)
+        walls, cpus = [], []
+        for _ in range(TIMED_STEPS):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            _step(*args)
+            c1 = time.process_time()
+            dist.barrier()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(c1 - c0)
+        mine[layout] = {"peak_mib": peak, "wall_s": walls, "cpu_s": cpus}
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def main() -> None:
+    load_before = os.getloadavg()[0]
+    runs = {p: [] for p in WORLD_SIZES}
+    for launch in range(LAUNCHES):
+        for p in WORLD_SIZES:
+            t0 = time.perf_counter()
+            runs[p].append(run_distributed(measure, p, timeout=900))
+            print(f"launch {launch + 1}/{LAUNCHES}, P = {p}: {time.perf_counter() - t0:.0f} s", flush=True)
+    results = {}
+    for p in WORLD_SIZES:
+        results[str(p)] = {}
+        for layout in LAYOUTS:
+            per_rank = [[run[r][layout] for run in runs[p]] for r in range(p)]  # [rank][launch]
+            steps = [(launch, s) for launch in range(LAUNCHES) for s in range(TIMED_STEPS)]
+            entry = {
+                "peak_mib": [statistics.median(x["peak_mib"] for x in rank) for rank in per_rank],
+                "cpu_s": [statistics.median(c for x in rank for c in x["cpu_s"]) for rank in per_rank],
+                # a step ends when its slowest rank does
+                "wall_s": statistics.median(max(rank[a]["wall_s"][s] for rank in per_rank) for a, s in steps),
+            }
+            results[str(p)][layout] = entry
+            print(
+                f"P = {p} {layout:>10}: wall {entry['wall_s']:6.2f} s; per rank "
+                + "  ".join(f"[{m:6.1f} MiB {c:5.2f} s cpu]" for m, c in zip(entry["peak_mib"], entry["cpu_s"], strict=True))
+            )
+    path = save_results(
+        "ring",
+        {
+            "stamp": stamp(1),
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "config": {
+                "n": N,
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "dtype": "float32",
+                "block_size": BLOCK,
+                "is_causal": True,
+                "backend": "gloo, local CPU processes, 1 thread each",
+                "launches_per_p": LAUNCHES,
+                "timed_steps_per_launch": TIMED_STEPS,
+                "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+            },
+            "world_sizes": WORLD_SIZES,
+            "results": results,
+        },
+    )
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
