@@ -37,6 +37,7 @@ from .patterns import *  # noqa: F403  chapter 11
 from .sparse import *  # noqa: F403  chapter 11
 from .approximate import *  # noqa: F403  chapter 11
 from .tiled import *  # noqa: F403  chapter 12
+from .distributed import *  # noqa: F403  chapter 13
 from .sinks import *  # noqa: F403  chapter 14
 from .latent import *  # noqa: F403  chapter 14
 from .paged import *  # noqa: F403  chapter 14

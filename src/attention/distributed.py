@@ -43,14 +43,7 @@ from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
 from ._launch import run_distributed
 from ._ring import _Ring, _RingAttention
 
-__all__ = [
-    "ring_attention",
-    "ring_forward_backward",
-    "ring_schedule",
-    "run_distributed",
-    "shard_sequence",
-    "unshard_sequence",
-]
+__all__ = ["ring_attention", "run_distributed", "shard_sequence", "unshard_sequence"]
 
 LAYOUTS = ("contiguous", "zigzag")
 

@@ -31,7 +31,7 @@ from torch import Tensor
 from ._checks import check_real, check_tensor, validate_attention
 from ._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
 
-__all__ = ["soft_cap", "qk_norm", "softcap_attention"]
+__all__ = ["soft_cap", "qk_norm"]
 
 
 def _check_cap(cap) -> float:

@@ -35,7 +35,7 @@ from ._checks import (
 )
 from ._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
 
-__all__ = ["attention_with_sinks", "sink_attention_weights", "streaming_mask", "StreamingKVCache"]
+__all__ = ["attention_with_sinks", "sink_attention_weights", "StreamingKVCache"]
 
 
 # ------------------------------------------------------------------ learned sinks

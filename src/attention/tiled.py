@@ -33,10 +33,16 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._checks import broadcast_shapes, check_int, check_tensor
-from .scaled_dot_product import _validate as _validate_sdpa
+from ._checks import (
+    broadcast_shapes,
+    check_bool,
+    check_int,
+    check_size,
+    check_tensor,
+    validate_attention,
+)
 
-__all__ = ["online_softmax", "online_softmax_blocked", "tiled_attention"]
+__all__ = ["online_softmax", "tiled_attention"]
 
 _INF = float("inf")
 
@@ -231,18 +237,9 @@ class _TiledAttention(torch.autograd.Function):
 
 
 def _validate(query, key, value, attn_mask, is_causal, scale, enable_gqa, block_size, return_lse):
-    for name, flag in (("enable_gqa", enable_gqa), ("return_lse", return_lse)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    _validate_sdpa(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
-    check_int("block_size", block_size, minimum=1)
-    tensors = [("query", query), ("key", key), ("value", value)]
-    if attn_mask is not None:
-        tensors.append(("attn_mask", attn_mask))
-    devices = {t.device for _, t in tensors}
-    if len(devices) > 1:
-        listed = ", ".join(f"{name} on {t.device}" for name, t in tensors)
-        raise ValueError(f"query, key, value and attn_mask must be on one device, got {listed}")
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    check_bool("return_lse", return_lse)
+    check_size("block_size", block_size, minimum=1)
 
 
 def tiled_attention(
@@ -324,6 +321,8 @@ def tiled_attention(
     # With d = 0 every score is an empty sum, 0, whatever the scale (as in torch).
     scale = 1.0 if d == 0 else (1.0 / math.sqrt(d) if scale is None else float(scale))
     block_size = min(block_size, max(j, 1))
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(query.dtype)  # a float32 mask on float64 scores, as torch allows
     q, k, v, mask = query, key, value, attn_mask
     if mask is not None and mask.dim() < 2:  # a (j,) or scalar mask: give it an (i, j) view
         mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
