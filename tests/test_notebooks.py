@@ -168,3 +168,13 @@ def test_figures_fit_the_column_and_are_sharp(path):
             f"{path.name} code cell {n}: {width / css:.1f} device px per CSS px; store it "
             "retina (setup_notebook does) so it is sharp on high-density screens"
         )
+
+
+def test_every_chapter_opens_with_the_colab_install_cell():
+    """Launched on Colab, a chapter must install the course package before importing it."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "colab_cell.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
