@@ -7,17 +7,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import (
-    LocalAlignment,
-    MultiDimensionalAttention,
+from attention import LocalAlignment, hard_attention
+from attention.alignment import (
     hard_alignment,
-    hard_attention,
     local_alignment,
     local_centre,
     local_window,
-    multidimensional_attention,
-    multidimensional_scores,
-    multidimensional_weights,
     soft_alignment,
     soft_attention,
 )
@@ -42,7 +37,7 @@ def test_soft_alignment_masked_exactly_zero_and_dead_row_zero():
     mask = torch.tensor([[True, False, True, True],
                          [False, False, False, False],
                          [True, True, True, False]])  # (i, j), broadcast over b
-    w = soft_alignment(s, mask)
+    w = soft_alignment(s, attn_mask=mask)
     assert torch.equal(w[:, ~mask], torch.zeros_like(w[:, ~mask]))
     assert torch.equal(w[:, 1], torch.zeros(2, 4, dtype=D64))
     torch.testing.assert_close(w[:, [0, 2]].sum(-1), torch.ones(2, 2, dtype=D64))
@@ -58,7 +53,7 @@ def test_soft_attention_is_weighted_sum():
 
 def test_soft_alignment_rejects_bad_mask():
     with pytest.raises(ValueError, match=r"does not broadcast to the \(\.\.\., i, j\) scores of shape \(3, 5\)"):
-        soft_alignment(randn(3, 5), torch.ones(3, 4, dtype=torch.bool))
+        soft_alignment(randn(3, 5), attn_mask=torch.ones(3, 4, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------- hard
@@ -73,7 +68,7 @@ def test_hard_alignment_is_reproducible_with_a_generator():
 
 
 def test_hard_alignment_never_picks_a_zero_weight_key():
-    w = soft_alignment(randn(4, 6), torch.tensor([True, False, True, False, False, True]))
+    w = soft_alignment(randn(4, 6), attn_mask=torch.tensor([True, False, True, False, False, True]))
     idx = hard_alignment(w, generator=torch.Generator().manual_seed(0), num_samples=500)
     assert set(idx.unique().tolist()) <= {0, 2, 5}
 
@@ -101,7 +96,7 @@ def test_hard_attention_expectation_is_soft_attention():
 
 
 def test_hard_attention_dead_row_gives_index_minus_one_and_zero_context():
-    w = soft_alignment(randn(2, 3), torch.tensor([[True, True, False], [False, False, False]]))
+    w = soft_alignment(randn(2, 3), attn_mask=torch.tensor([[True, True, False], [False, False, False]]))
     context, idx = hard_attention(w, randn(3, 4), generator=torch.Generator().manual_seed(0))
     assert idx[1].item() == -1 and torch.equal(context[1], torch.zeros(4, dtype=D64))
 
@@ -154,9 +149,12 @@ def test_local_alignment_respects_mask_and_sigma_zero_means_no_damping():
 
 def test_local_alignment_module_shapes_and_gradient_to_predictor():
     align = LocalAlignment(4, 6, half_width=2.0).to(D64)
-    q, s = randn(2, 3, 4), randn(2, 3, 10, seed=1)
-    weights, centre = align(q, s)
-    assert weights.shape == (2, 3, 10) and centre.shape == (2, 3)
+    q, s, v = randn(2, 3, 4), randn(2, 3, 10, seed=1), randn(2, 10, 5, seed=2)
+    context, weights = align(q, s, v)
+    centre = align.centre(q, 10)
+    assert context.shape == (2, 3, 5) and weights.shape == (2, 3, 10) and centre.shape == (2, 3)
+    torch.testing.assert_close(weights, local_alignment(s, centre, 2.0))
+    torch.testing.assert_close(context, weights @ v)
     assert set(n for n, _ in align.named_parameters()) == {"w_p", "v_p"}
     weights.sum().backward()
     assert align.w_p.grad.abs().sum() > 0  # the Gaussian factor carries a gradient to p
@@ -186,70 +184,53 @@ def test_local_alignment_rejects_wrong_centre_shape():
 # ---------------------------------------------------------------- multi-dimensional
 
 
-def test_multidimensional_weights_sum_to_one_over_keys_for_every_feature():
-    s = randn(2, 3, 5, 7)
-    w = multidimensional_weights(s)
-    torch.testing.assert_close(w.sum(dim=-2), torch.ones(2, 3, 7, dtype=D64))
-    torch.testing.assert_close(w, torch.softmax(s, dim=-2))
-
-
-def test_multidimensional_masks():
-    s = randn(2, 3, 4, 6)
-    mask = torch.tensor([True, False, True, True])  # broadcasts to (b, i, j)
-    w = multidimensional_weights(s, mask)
-    assert (w[:, :, 1] == 0).all()
-    torch.testing.assert_close(w.sum(-2), torch.ones(2, 3, 6, dtype=D64))
-    dead = multidimensional_weights(s, torch.zeros(4, dtype=torch.bool))
-    assert torch.equal(dead, torch.zeros_like(dead))
-
-
-def test_multidimensional_scores_and_context_match_einsum():
-    q, k, v = randn(2, 3, 4), randn(2, 5, 6, seed=1), randn(2, 5, 7, seed=2)
-    w1, w2, b, wo, bo = (randn(8, 4, seed=3), randn(8, 6, seed=4), randn(8, seed=5),
-                         randn(7, 8, seed=6), randn(7, seed=7))
-    hidden = torch.tanh(torch.einsum("hd,bid->bih", w1, q)[:, :, None]
-                        + torch.einsum("hd,bjd->bjh", w2, k)[:, None] + b)
-    expected_s = torch.einsum("fh,bijh->bijf", wo, hidden) + bo
-    s = multidimensional_scores(q, k, w1, w2, wo, b, bo)
-    torch.testing.assert_close(s, expected_s)
-    w = multidimensional_weights(s)
-    torch.testing.assert_close(multidimensional_attention(w, v), torch.einsum("bijf,bjf->bif", w, v))
-
-
-def test_multidimensional_with_equal_feature_scores_is_single_dimensional():
-    s1 = randn(2, 3, 5)
-    w = multidimensional_weights(s1[..., None].expand(-1, -1, -1, 4))
-    torch.testing.assert_close(w, soft_alignment(s1)[..., None].expand(-1, -1, -1, 4))
-
-
-def test_multidimensional_attention_module_shapes_and_gradcheck():
-    attn = MultiDimensionalAttention(3, 5, 4, 6).to(D64)
-    k, v = randn(2, 7, 5), randn(2, 7, 4, seed=1)
-    c1, w1 = attn(randn(2, 3, seed=2), k, v)
-    assert c1.shape == (2, 4) and w1.shape == (2, 7, 4)
-    c2, w2 = attn(randn(2, 6, 3, seed=2), k, v)
-    assert c2.shape == (2, 6, 4) and w2.shape == (2, 6, 7, 4)
-    mask = torch.tensor([[True] * 7, [True, True, False, False, False, False, False]])
-    _, wm = attn(randn(2, 3, seed=2), k, v, attn_mask=mask)
-    assert (wm[1, 2:] == 0).all()
-
-    names = [n for n, _ in attn.named_parameters()]
-    q = randn(1, 2, 3, seed=3).requires_grad_(True)
-    kk = k[:1, :3].clone().requires_grad_(True)
-    vv = v[:1, :3].clone().requires_grad_(True)
-    ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
-    assert torch.autograd.gradcheck(
-        lambda q, k, v, *ps: torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v)),
-        (q, kk, vv, *ps))
-
-
-def test_multidimensional_attention_rejects_wrong_value_size():
-    with pytest.raises(ValueError, match=r"value must be \(b, j, d_v\) with j = 7 and d_v = 4, got shape \(2, 7, 3\)"):
-        MultiDimensionalAttention(3, 5, 4, 6)(torch.randn(2, 3), torch.randn(2, 7, 5), torch.randn(2, 7, 3))
-
-
 def test_local_alignment_entropy_sanity():
     """A wide window with tiny sigma concentrates the weight near p (a sharp prior)."""
     s = torch.zeros(1, 21, dtype=D64)
     w = local_alignment(s, torch.tensor([10.0], dtype=D64), 10, sigma=0.5)
     assert w.argmax().item() == 10 and math.isclose(w[0, 10].item(), 1 / 21)
+
+
+# ---------------------------------------------------------------- edge and bad input
+
+
+def test_hard_alignment_with_no_keys_gives_minus_one_and_zero_context():
+    idx = hard_alignment(torch.zeros(2, 3, 0, dtype=D64))
+    assert idx.shape == (2, 3) and (idx == -1).all()
+    context, idx = hard_attention(torch.zeros(3, 0, dtype=D64), torch.zeros(0, 4, dtype=D64),
+                                  num_samples=2)
+    assert context.shape == (2, 3, 4) and (context == 0).all()
+
+
+def test_local_alignment_ignores_a_nan_outside_the_window():
+    s = randn(1, 12)
+    s[0, 11] = float("nan")  # far outside the window around 3
+    w = local_alignment(s, torch.tensor([3.0], dtype=D64), 2.0)
+    assert not w.isnan().any()
+    s[0, 3] = float("nan")  # inside the window: the row is NaN, as a softmax over it is
+    assert local_alignment(s, torch.tensor([3.0], dtype=D64), 2.0).isnan().all()
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: hard_alignment(torch.ones(2, 3), generator=0), TypeError,
+         "generator must be a torch.Generator or None, got int"),
+        (lambda: hard_alignment(torch.ones(2, 3), num_samples=0), ValueError,
+         "num_samples must be >= 1, got 0"),
+        (lambda: soft_attention(randn(2, 3), randn(3, 4).to("meta")), ValueError,
+         "value and weights must be on the same device, got meta and cpu"),
+        (lambda: soft_attention(randn(2, 2, 3), randn(3, 3, 4)), ValueError,
+         r"batch dims of weights and value must broadcast"),
+        (lambda: local_alignment(randn(2, 5), torch.zeros(2), 1.0), TypeError,
+         r"centre must have the dtype of scores \(torch.float64\)"),
+        (lambda: local_alignment(randn(2, 5), torch.zeros(2, dtype=D64), 1.0, sigma="1"), TypeError,
+         "sigma must be a float"),
+        (lambda: LocalAlignment(4, 6, 2.0, sigma=-1.0), ValueError, "sigma must be >= 0, got -1.0"),
+        (lambda: local_centre(randn(2, 4), torch.zeros(3, 4), torch.zeros(3), 5), TypeError,
+         r"the dtype of w_p|v_p"),
+    ],
+)
+def test_bad_input_classes(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

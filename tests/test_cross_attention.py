@@ -45,15 +45,15 @@ def test_matches_torch_sdpa():
     m = make()
     xq, xc = torch.randn(2, 6, 16, dtype=DT), torch.randn(2, 8, 12, dtype=DT)
     ref = F.scaled_dot_product_attention(m.w_query(xq), m.w_key(xc), m.w_value(xc))
-    torch.testing.assert_close(m(xq, xc), ref)
+    torch.testing.assert_close(m(xq, xc)[0], ref)
 
 
 def test_context_broadcasts_over_query_batch():
     m = make()
     xq, xc = torch.randn(4, 6, 16, dtype=DT), torch.randn(8, 12, dtype=DT)
-    out = m(xq, xc)
+    out, _ = m(xq, xc)
     assert out.shape == (4, 6, 28)
-    torch.testing.assert_close(out[2], m(xq[2], xc))
+    torch.testing.assert_close(out[2], m(xq[2], xc)[0])
 
 
 def test_same_input_is_self_attention():
@@ -85,7 +85,7 @@ def test_query_positions_are_independent():
     """Each query row attends on its own: dropping a query does not change the others."""
     m = make()
     xq, xc = torch.randn(6, 16, dtype=DT), torch.randn(8, 12, dtype=DT)
-    torch.testing.assert_close(m(xq[:4], xc), m(xq, xc)[:4])
+    torch.testing.assert_close(m(xq[:4], xc)[0], m(xq, xc)[0][:4])
 
 
 def test_context_order_does_not_matter():
@@ -116,12 +116,12 @@ def test_wrong_context_features():
 
 
 def test_wrong_dtype():
-    with pytest.raises(TypeError, match="x_context must have the module's dtype torch.float64"):
+    with pytest.raises(TypeError, match=r"x_context must have the dtype of the module\'s parameters \(torch.float64\)"):
         make()(torch.randn(6, 16, dtype=DT), torch.randn(8, 12))
 
 
 def test_batches_that_do_not_broadcast():
-    with pytest.raises(ValueError, match="batch dims of query, key and value must broadcast"):
+    with pytest.raises(ValueError, match="batch dims of the two inputs must broadcast"):
         make()(torch.randn(2, 6, 16, dtype=DT), torch.randn(3, 8, 12, dtype=DT))
 
 
@@ -134,3 +134,18 @@ def test_mask_of_the_wrong_length():
 def test_bad_size():
     with pytest.raises(ValueError, match="d_kv_in must be >= 1, got 0"):
         CrossAttention(4, 0, 4, 4)
+
+
+def test_empty_context_gives_zeros_as_torch():
+    m = CrossAttention(16, 12, 24, 28).to(torch.float64)
+    out, w = m(torch.randn(3, 16, dtype=torch.float64), torch.randn(0, 12, dtype=torch.float64),
+               need_weights=True)
+    assert torch.equal(out, torch.zeros(3, 28, dtype=torch.float64)) and w.shape == (3, 0)
+
+
+def test_need_weights_must_be_a_bool_and_options_keyword_only():
+    m = CrossAttention(16, 12, 24, 28)
+    with pytest.raises(TypeError, match="need_weights must be a bool"):
+        m(torch.randn(3, 16), torch.randn(4, 12), need_weights="no")
+    with pytest.raises(TypeError, match="positional argument"):
+        m(torch.randn(3, 16), torch.randn(4, 12), torch.ones(3, 4, dtype=torch.bool))

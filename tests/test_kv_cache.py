@@ -11,9 +11,9 @@ from attention import (
     KVCache,
     MultiHeadAttention,
     causal_mask,
-    kv_cache_bytes_per_token,
     padding_mask,
 )
+from attention.kv_cache import kv_cache_bytes_per_token
 
 DT = torch.float64
 
@@ -181,7 +181,7 @@ def test_rejects_cache_of_the_wrong_shape():
     m = _module(2)
     cache = KVCache(1, 4, num_kv_heads=6, head_dim=4, dtype=DT)
     x = torch.randn(1, 1, 24, dtype=DT)
-    with pytest.raises(ValueError, match="holds 6 key/value heads of size 4, the module needs 2"):
+    with pytest.raises(ValueError, match="holds 6 key/value heads of size 4, got 2 heads of size 4"):
         m(x, x, x, cache=cache)
 
 
@@ -195,7 +195,7 @@ def test_rejects_wrong_heads_in_update():
 
 def test_rejects_wrong_dtype_in_update():
     cache = KVCache(1, 4, num_kv_heads=1, head_dim=3, dtype=torch.float32)
-    with pytest.raises(TypeError, match="stores torch.float32, got key torch.float64"):
+    with pytest.raises(TypeError, match="stores torch.float32, got keys and values of torch.float64"):
         cache.update(torch.zeros(1, 1, 1, 3, dtype=DT), torch.zeros(1, 1, 1, 3, dtype=DT))
 
 
@@ -247,10 +247,60 @@ def test_rejects_mask_sized_without_the_cached_positions():
     [
         ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
         ({"max_len": 2.5}, TypeError, "max_len must be an int, got float"),
-        ({"dtype": torch.int64}, TypeError, "dtype must be a floating-point torch.dtype"),
+        ({"dtype": torch.int64}, TypeError, "dtype must be a floating-point dtype, got torch.int64"),
     ],
 )
 def test_rejects_bad_constructor_arguments(kwargs, error, message):
     args = {"batch_size": 1, "max_len": 4, "num_kv_heads": 1, "head_dim": 2} | kwargs
     with pytest.raises(error, match=message):
         KVCache(**args)
+
+
+# ---------------------------------------------------------------- autograd, batch size, devices
+
+
+def test_a_cache_under_autograd_fails_at_update_not_at_backward():
+    m = _module(2).train()
+    cache = m.new_cache(1, 6)
+    x = torch.randn(1, 3, 24, dtype=DT)
+    with pytest.raises(ValueError, match="autograd cannot differentiate through.*inference_mode"):
+        m(x, x, x, is_causal=True, cache=cache)
+    assert cache.length == 0  # nothing was written
+    k = torch.randn(1, 2, 1, 4, dtype=DT, requires_grad=True)
+    with pytest.raises(ValueError, match="require grad"):
+        cache.update(k, k)
+    with torch.no_grad():
+        cache.update(k, k)  # the same keys without a graph are fine
+    assert cache.length == 1
+
+
+def test_batch_size_message_advises_a_new_cache_not_reset():
+    cache = KVCache(2, 4, num_kv_heads=1, head_dim=2)
+    with pytest.raises(ValueError, match="create a new one for this batch") as err:
+        cache.update(torch.zeros(3, 1, 1, 2), torch.zeros(3, 1, 1, 2))
+    assert "reset" not in str(err.value)
+
+
+def test_rejects_keys_on_another_device():
+    cache = KVCache(1, 4, num_kv_heads=1, head_dim=2)
+    z = torch.zeros(1, 1, 1, 2, device="meta")
+    with pytest.raises(ValueError, match="cache and the new keys must be on the same device, got cpu and meta"):
+        cache.update(z, z)
+    with pytest.raises(TypeError, match="device must be a torch.device"):
+        KVCache(1, 4, num_kv_heads=1, head_dim=2, device=1.5)
+
+
+@pytest.mark.parametrize("cached, new", [(0, 3), (4, 1), (4, 3)])
+def test_causal_pattern_is_the_bottom_right_causal_mask(cached, new):
+    cache = KVCache(1, 8, num_kv_heads=1, head_dim=2)
+    cache.update(torch.zeros(1, 1, cached + new, 2), torch.zeros(1, 1, cached + new, 2))
+    mask, is_causal = cache.causal_pattern(new)
+    expected = causal_mask(new, cached + new, align="bottom-right")
+    if is_causal:
+        assert mask is None and torch.equal(expected, causal_mask(new, cached + new))
+    elif mask is None:
+        assert expected.all()
+    else:
+        assert torch.equal(mask, expected)
+    with pytest.raises(ValueError, match="num_new must be <= the stored length"):
+        cache.causal_pattern(cached + new + 1)

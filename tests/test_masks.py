@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from attention import causal_mask, combine_masks, decoding_mask, padding_mask, to_additive_mask
+from attention import block_diagonal_mask, causal_mask, combine_masks, padding_mask
+from attention.masks import decoding_mask, to_additive_mask
 
 
 @pytest.mark.parametrize("i, j", [(1, 1), (3, 3), (3, 5), (5, 3), (0, 2)])
@@ -65,8 +66,8 @@ def test_additive_mask_equals_boolean_in_attention():
         (lambda: causal_mask(-1), ValueError, "i must be >= 0, got -1"),
         (lambda: causal_mask(2.5), TypeError, "i must be an int, got float"),
         (lambda: causal_mask(2, 3, align="left"), ValueError, "align must be"),
-        (lambda: padding_mask([1, 4], 3), ValueError, r"lengths must lie in \[0, j=3\], got min 1 and max 4"),
-        (lambda: padding_mask(torch.tensor([[1]]), 3), ValueError, "1-D integer"),
+        (lambda: padding_mask([1, 4], 3), ValueError, r"lengths must lie in \[0, j=3\], got \[1, 4\]"),
+        (lambda: padding_mask(torch.tensor([[1]]), 3), ValueError, r"lengths must be 1-D, one length per sequence, got shape \(1, 1\)"),
         (lambda: combine_masks(torch.ones(2, 3, dtype=torch.bool), torch.ones(4, 3, dtype=torch.bool)),
          ValueError, r"masks must broadcast .* got \(2, 3\) and \(4, 3\)"),
         (lambda: combine_masks(torch.ones(2, 2)), TypeError, "boolean masks"),
@@ -89,3 +90,55 @@ def test_shape_broadcasting_rule_matches_torch():
         except RuntimeError:
             expected = None
         assert _broadcast(a, b) == expected
+
+
+# ---------------------------------------------------------------- left padding, packed sequences
+
+
+def test_left_padding_puts_the_real_tokens_at_the_end():
+    m = padding_mask(torch.tensor([1, 3, 0]), 3, side="left")
+    assert m[:, 0, 0].int().tolist() == [[0, 0, 1], [1, 1, 1], [0, 0, 0]]
+    assert torch.equal(m, padding_mask([1, 3, 0], 3).flip(-1))
+
+
+def test_padding_mask_refuses_float_lengths_instead_of_truncating():
+    with pytest.raises(TypeError, match="lengths must hold ints, got float 1.5"):
+        padding_mask([1.5, 2.7], 3)
+    with pytest.raises(TypeError, match="lengths must be an integer tensor, got dtype torch.float32"):
+        padding_mask(torch.tensor([1.0, 2.0]), 3)
+    with pytest.raises(ValueError, match="side must be one of 'right', 'left', got 'top'"):
+        padding_mask([1], 3, side="top")
+    with pytest.raises(ValueError, match=r"lengths must be >= 0, got \[-1\]"):
+        padding_mask([-1], 3)
+
+
+def test_block_diagonal_mask_matches_a_loop():
+    lengths = [2, 0, 3, 1]
+    segment = [s for s, n in enumerate(lengths) for _ in range(n)]
+    expected = torch.tensor([[a == b for b in segment] for a in segment])
+    assert torch.equal(block_diagonal_mask(lengths), expected)
+    causal = block_diagonal_mask(torch.tensor(lengths), is_causal=True)
+    assert torch.equal(causal, expected & causal_mask(6))
+    assert block_diagonal_mask([]).shape == (0, 0)
+
+
+def test_packed_attention_equals_attention_on_each_sequence():
+    lengths = [3, 1, 4]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, sum(lengths), 5, dtype=torch.float64, generator=g) for _ in range(3))
+    f = torch.nn.functional.scaled_dot_product_attention
+    for is_causal in (False, True):
+        packed = f(q, k, v, attn_mask=block_diagonal_mask(lengths, is_causal=is_causal))
+        starts = [0, 3, 4, 8]
+        apart = torch.cat([f(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=is_causal)
+                           for a, b in zip(starts, starts[1:])], dim=1)
+        torch.testing.assert_close(packed, apart)
+
+
+def test_mask_builders_refuse_bad_flags_and_devices():
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        block_diagonal_mask([2], is_causal=1)
+    with pytest.raises(TypeError, match="device must be a torch.device"):
+        causal_mask(2, device=3.0)
+    with pytest.raises(ValueError, match="mask 0 and mask 1 must be on the same device, got cpu and meta"):
+        combine_masks(causal_mask(2), causal_mask(2, device="meta"))

@@ -16,7 +16,6 @@ from attention import (
     causal_mask,
     merge_heads,
     padding_mask,
-    repeat_kv,
     scaled_dot_product_attention,
     split_heads,
 )
@@ -63,12 +62,6 @@ def test_split_heads_gives_each_head_its_slice_of_features():
         assert torch.equal(heads[:, n], x[..., 4 * n : 4 * n + 4])
 
 
-@pytest.mark.parametrize("n_rep", [1, 2, 4])
-def test_repeat_kv_matches_repeat_interleave(n_rep):
-    x = torch.randn(2, 3, 5, 4, dtype=DT)
-    assert torch.equal(repeat_kv(x, n_rep), x.repeat_interleave(n_rep, dim=1))
-
-
 def test_split_heads_rejects_indivisible_features():
     with pytest.raises(ValueError, match="divisible by num_heads, got 10 and 3"):
         split_heads(torch.randn(1, 2, 10), 3)
@@ -77,11 +70,6 @@ def test_split_heads_rejects_indivisible_features():
 def test_merge_heads_rejects_wrong_rank():
     with pytest.raises(ValueError, match=r"shape \(b, h, L, d\)"):
         merge_heads(torch.randn(2, 3, 4))
-
-
-def test_repeat_kv_rejects_wrong_rank():
-    with pytest.raises(ValueError, match=r"shape \(b, h_kv, L, d\)"):
-        repeat_kv(torch.randn(2, 3, 4), 2)
 
 
 # ---------------------------------------------------------------- structure
@@ -353,7 +341,7 @@ def test_rejects_num_heads_not_divisible_by_num_kv_heads():
 
 
 def test_rejects_bad_dropout():
-    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\), got 1.5"):
+    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\], got 1.5"):
         MultiHeadAttention(8, 2, dropout=1.5)
 
 
@@ -426,3 +414,69 @@ def test_rejects_non_tensor_input():
 def test_rejects_sequence_first():
     with pytest.raises(ValueError, match="batch-first inputs .* only, got batch_first=False"):
         MultiHeadAttention(8, 2, batch_first=False)
+
+
+# ---------------------------------------------------------------- one contract, every boundary
+
+
+def test_flags_must_be_real_bools():
+    m = MultiHeadAttention(8, 2).to(DT)
+    x = torch.randn(1, 3, 8, dtype=DT)
+    with pytest.raises(TypeError, match="need_weights must be a bool .* got str 'no'"):
+        m(x, x, x, need_weights="no")
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        m(x, x, x, is_causal=1)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        MultiHeadAttention(8, 2, bias="yes")
+    with pytest.raises(TypeError, match="batch_first must be a bool"):
+        MultiHeadAttention(8, 2, batch_first=1)
+
+
+def test_options_are_keyword_only():
+    m = MultiHeadAttention(8, 2).to(DT)
+    x = torch.randn(1, 3, 8, dtype=DT)
+    with pytest.raises(TypeError, match="positional argument"):
+        m(x, x, x, causal_mask(3))
+
+
+def test_rejects_input_of_another_dtype_or_device():
+    m = MultiHeadAttention(8, 2)  # float32 parameters
+    x = torch.randn(1, 3, 8, dtype=DT)
+    with pytest.raises(TypeError, match=r"query must have the dtype of the module's parameters \(torch.float32\), got torch.float64"):
+        m(x, x, x)
+    y = torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match="key and the module's parameters must be on the same device, got meta and cpu"):
+        m(y, y.to("meta"), y)
+    with pytest.raises(ValueError, match="query and attn_mask must be on the same device"):
+        m(y, y, y, attn_mask=causal_mask(3, device="meta"))
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype, got torch.int64"):
+        MultiHeadAttention(8, 2, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("i, j", [(3, 0), (0, 4), (0, 0)])
+def test_empty_query_or_key_axes_as_torch(i, j, need_weights):
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(8, 2, batch_first=True, dtype=DT).eval()
+    ours = MultiHeadAttention.from_torch(ref).eval()
+    q, kv = torch.randn(2, i, 8, dtype=DT), torch.randn(2, j, 8, dtype=DT)
+    out, w = ours(q, kv, kv, need_weights=need_weights)
+    assert out.shape == (2, i, 8)
+    expected = F.scaled_dot_product_attention(
+        ours.w_query(q).view(2, i, 2, 4).transpose(1, 2), ours.w_key(kv).view(2, j, 2, 4).transpose(1, 2),
+        ours.w_value(kv).view(2, j, 2, 4).transpose(1, 2))
+    assert_close(out, ours.w_out(expected.transpose(1, 2).reshape(2, i, 8)))
+    if need_weights:
+        assert w.shape == (2, 2, i, j)
+
+
+def test_nan_in_a_key_propagates_in_both_paths_as_in_torch():
+    m = MultiHeadAttention(8, 2).to(DT).eval()
+    x = torch.randn(1, 4, 8, dtype=DT)
+    kv = x.clone()
+    kv[0, 2, 0] = float("nan")
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[:, 2] = False  # masked, yet its NaN score reaches every row, as in torch
+    fused, _ = m(x, kv, kv, attn_mask=mask)
+    reference, _ = m(x, kv, kv, attn_mask=mask, need_weights=True)
+    assert fused.isnan().all() and reference.isnan().all()

@@ -185,14 +185,12 @@ BAD = {
     "mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2),
                                                         attn_mask=torch.ones(3, 5, dtype=torch.long)),
                    TypeError, "attn_mask must be boolean .* or floating .* got torch.int64"),
-    "float mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2), attn_mask=T(3, 5, dtype=torch.float32)),
-                         TypeError, "float attn_mask must have the query's dtype torch.float64"),
+    "float mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2), attn_mask=T(3, 5, dtype=torch.float16)),
+                         TypeError, r"float attn_mask must have the query's dtype torch.float64 \(or float32\)"),
     "mask and causal": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), attn_mask=causal_mask(3), is_causal=True),
                         ValueError, "either attn_mask or is_causal=True, not both"),
-    "dropout 1": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=1.0),
-                  ValueError, r"dropout_p must lie in \[0, 1\), got 1.0"),
     "dropout negative": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=-0.1),
-                         ValueError, r"dropout_p must lie in \[0, 1\), got -0.1"),
+                         ValueError, r"dropout_p must lie in \[0, 1\], got -0.1"),
     "heads without gqa": (lambda: scaled_dot_product_attention(T(1, 8, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2)),
                           ValueError, "query has 8 heads but key has 2; .* enable_gqa=True"),
     "heads not dividing": (lambda: scaled_dot_product_attention(T(1, 6, 3, 4), T(1, 4, 3, 4), T(1, 4, 3, 2), enable_gqa=True),
@@ -205,6 +203,22 @@ BAD = {
                            TypeError, "is_causal must be a bool"),
     "scale not number": (lambda: attention_weights(T(3, 4), T(3, 4), scale="1"),
                          TypeError, "scale must be a float or None, got str"),
+    "scale bool": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), scale=True),
+                   TypeError, "scale must be a float or None, got bool"),
+    "enable_gqa not bool": (lambda: scaled_dot_product_attention(T(1, 2, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2), enable_gqa="no"),
+                            TypeError, "enable_gqa must be a bool .* got str 'no'"),
+    "value None": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), None),
+                   TypeError, "value must be a torch.Tensor, got NoneType"),
+    "dropout bool": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=False),
+                     TypeError, "dropout_p must be a float, got bool"),
+    "meta device": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4).to("meta"), T(3, 2)),
+                    ValueError, "query and key must be on the same device, got cpu and meta"),
+    "value device": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2).to("meta")),
+                     ValueError, "query and value must be on the same device, got cpu and meta"),
+    "mask device": (lambda: attention_weights(T(3, 4), T(3, 4), attn_mask=causal_mask(3, device="meta")),
+                    ValueError, "query and attn_mask must be on the same device, got cpu and meta"),
+    "attention_weights positional mask": (lambda: attention_weights(T(3, 4), T(3, 4), causal_mask(3)),
+                                          TypeError, "positional argument"),
 }
 
 
@@ -222,3 +236,89 @@ def test_leading_batch_dims_broadcast_like_matmul():
     assert out.shape == (2, 3, 3, 2)
     for b, h in itertools.product(range(2), range(3)):
         torch.testing.assert_close(out[b, h], scaled_dot_product_attention(q[b, 0], k[0, h], v[0, h]))
+
+
+# ---------------------------------------------------------------- edge cases, as torch
+
+
+def _same_as_torch(*args, **kw):
+    """Outputs equal to torch's SDPA, NaN where torch has NaN."""
+    ours = scaled_dot_product_attention(*args, **kw)
+    theirs = F.scaled_dot_product_attention(*args, **kw)
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, equal_nan=True)
+
+
+@pytest.mark.parametrize("i, j, d, e", [(3, 0, 4, 2), (0, 3, 4, 2), (3, 4, 0, 2), (3, 4, 2, 0),
+                                        (0, 0, 0, 0)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_empty_axes_behave_as_torch(i, j, d, e, is_causal):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = rand(2, i, d, g=g), rand(2, j, d, g=g), rand(2, j, e, g=g)
+    _same_as_torch(q, k, v, is_causal=is_causal)
+    w = attention_weights(q, k, is_causal=is_causal)
+    assert w.shape == (2, i, j) and not w.isnan().any()
+    if j == 0:  # no key at all: zero output, as torch
+        assert torch.equal(scaled_dot_product_attention(q, k, v), torch.zeros(2, i, e, dtype=f64))
+
+
+def test_nan_propagates_as_in_torch():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = rand(1, 2, 3, 4, g=g), rand(1, 2, 5, 4, g=g), rand(1, 2, 5, 3, g=g)
+    k_nan = k.clone()
+    k_nan[0, 0, 2, 1] = float("nan")
+    v_nan = v.clone()
+    v_nan[0, 1, 4, 0] = float("nan")
+    mask = torch.rand(3, 5, generator=g) > 0.5
+    mask[:, 2] = False  # the NaN key is masked for every row: torch still gives NaN
+    for kw in ({}, {"is_causal": True}, {"attn_mask": mask}, {"scale": float("nan")},
+               {"scale": float("inf")}, {"attn_mask": torch.zeros(3, 5, dtype=torch.bool)}):
+        _same_as_torch(q, k_nan, v, **kw)
+        _same_as_torch(q, k, v_nan, **kw)
+        _same_as_torch(q, k, v, **kw)
+    assert scaled_dot_product_attention(q, k_nan, v)[0, 0].isnan().all()
+    assert scaled_dot_product_attention(q, k_nan, v, attn_mask=mask)[0, 0].isnan().all()
+
+
+def test_overflowing_scores_behave_as_torch():
+    q = torch.tensor([[1e200, 1.0], [1.0, 1.0]], dtype=f64)
+    k = torch.tensor([[1e200, 0.0], [-1e200, 0.0]], dtype=f64)
+    v = torch.tensor([[1.0], [2.0]], dtype=f64)
+    _same_as_torch(q, k, v)
+    assert scaled_dot_product_attention(q, k, v)[0].isnan().all()
+
+
+def test_fully_masked_rows_give_zeros_with_float_masks_too():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = rand(3, 4, g=g), rand(5, 4, g=g), rand(5, 2, g=g)
+    float_mask = torch.zeros(3, 5, dtype=f64)
+    float_mask[1] = float("-inf")
+    _same_as_torch(q, k, v, attn_mask=float_mask)
+    assert torch.equal(scaled_dot_product_attention(q, k, v, attn_mask=float_mask)[1],
+                       torch.zeros(2, dtype=f64))
+
+
+def test_gqa_equals_torch_enable_gqa_and_repeat_interleave():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = rand(2, 6, 3, 4, g=g), rand(2, 2, 5, 4, g=g), rand(2, 2, 5, 3, g=g)
+    ours = scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    _same_as_torch(q, k, v, enable_gqa=True)
+    repeated = scaled_dot_product_attention(q, k.repeat_interleave(3, dim=1),
+                                            v.repeat_interleave(3, dim=1))
+    torch.testing.assert_close(ours, repeated)
+
+
+def test_dropout_draws_from_the_global_generator_only_after_validation():
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    with pytest.raises(ValueError):
+        scaled_dot_product_attention(T(3, 4), T(5, 4), T(4, 2), dropout_p=0.5)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_float32_mask_on_float64_inputs_and_dropout_one_as_torch():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = rand(3, 4, g=g), rand(5, 4, g=g), rand(5, 2, g=g)
+    mask = torch.randn(3, 5, generator=g)  # float32, as torch accepts for any query dtype
+    _same_as_torch(q, k, v, attn_mask=mask)
+    assert torch.equal(scaled_dot_product_attention(q, k, v, dropout_p=1.0), torch.zeros(3, 2, dtype=f64))

@@ -7,11 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import (
+from attention import AdditiveAttention, AdditiveScore, GeneralScore
+from attention.scoring import (
     ACTIVATIONS,
-    AdditiveAttention,
-    AdditiveScore,
-    GeneralScore,
     additive_scores,
     cosine_scores,
     dot_scores,
@@ -144,73 +142,7 @@ def test_gradcheck_learnable_scores(module):
     assert torch.autograd.gradcheck(f, inputs)
 
 
-def test_gradcheck_additive_attention():
-    attn = AdditiveAttention(3, 5, 2, d_hidden=4).to(D64)
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(2, 3, generator=g, dtype=D64, requires_grad=True)
-    k = torch.randn(2, 4, 5, generator=g, dtype=D64, requires_grad=True)
-    v = torch.randn(2, 4, 2, generator=g, dtype=D64, requires_grad=True)
-    mask = torch.tensor([[True, True, False, True], [True, False, False, False]])
-    names = [n for n, _ in attn.named_parameters()]
-
-    def f(q, k, v, *ps):
-        return torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v, mask))
-
-    ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
-    assert torch.autograd.gradcheck(f, (q, k, v, *ps))
-
-
 # ---------------------------------------------------------------- AdditiveAttention
-
-
-def test_additive_attention_matches_manual_softmax():
-    attn = AdditiveAttention(3, 5, 2, d_hidden=4).to(D64)
-    q, k = qk(d_q=3, d_k=5, i=3, j=4)
-    v = torch.randn(2, 4, 2, dtype=D64)
-    context, weights = attn(q, k, v)
-    expected_w = torch.softmax(attn.score(q, k), dim=-1)
-    torch.testing.assert_close(weights, expected_w)
-    torch.testing.assert_close(context, torch.einsum("bij,bje->bie", expected_w, v))
-
-
-def test_additive_attention_single_and_sequence_shapes():
-    attn = AdditiveAttention(3, 5, 7, d_hidden=4)
-    k, v = torch.randn(2, 6, 5), torch.randn(2, 6, 7)
-    c1, w1 = attn(torch.randn(2, 3), k, v)
-    assert c1.shape == (2, 7) and w1.shape == (2, 6)
-    c2, w2 = attn(torch.randn(2, 4, 3), k, v)
-    assert c2.shape == (2, 4, 7) and w2.shape == (2, 4, 6)
-    q = torch.randn(2, 3)  # a single query equals a sequence of length one
-    torch.testing.assert_close(attn(q, k, v)[0], attn(q[:, None], k, v)[0][:, 0])
-
-
-def test_additive_attention_values_default_to_keys():
-    attn = AdditiveAttention(3, 5, d_hidden=4)
-    k = torch.randn(2, 6, 5)
-    context, weights = attn(torch.randn(2, 3), k)
-    torch.testing.assert_close(context, torch.einsum("bj,bje->be", weights, k))
-
-
-def test_additive_attention_masks():
-    attn = AdditiveAttention(3, 5, 2, d_hidden=4)
-    k, v = torch.randn(2, 4, 5), torch.randn(2, 4, 2)
-    mask = torch.tensor([[True, False, True, False], [False, False, False, False]])
-    context, weights = attn(torch.randn(2, 3), k, v, attn_mask=mask)
-    assert torch.equal(weights[~mask], torch.zeros(int((~mask).sum())))
-    torch.testing.assert_close(weights[0].sum(), torch.tensor(1.0))
-    assert torch.equal(weights[1], torch.zeros(4)) and torch.equal(context[1], torch.zeros(2))
-    seq_mask = mask[:, None, :].expand(2, 3, 4)
-    _, w_seq = attn(torch.randn(2, 3, 3), k, v, attn_mask=seq_mask)
-    assert (w_seq[~seq_mask] == 0).all() and (w_seq[1] == 0).all()
-
-
-def test_additive_attention_fully_masked_row_has_finite_gradient():
-    attn = AdditiveAttention(3, 5, 2, d_hidden=4)
-    q = torch.randn(1, 3, requires_grad=True)
-    context, _ = attn(q, torch.randn(1, 4, 5), torch.randn(1, 4, 2),
-                      attn_mask=torch.zeros(1, 4, dtype=torch.bool))
-    context.sum().backward()
-    assert torch.isfinite(q.grad).all()
 
 
 # ---------------------------------------------------------------- bad input
@@ -237,27 +169,6 @@ def test_learnable_score_rejects_wrong_key_size():
         AdditiveScore(3, 5, 8)(torch.randn(2, 3), torch.randn(6, 3))
 
 
-def test_additive_attention_rejects_wrong_key_size():
-    with pytest.raises(ValueError, match=r"key must have d_k = 5 features"):
-        AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 4))
-
-
-def test_additive_attention_rejects_wrong_value_size():
-    with pytest.raises(ValueError, match=r"value must have d_v = 7 features \(its last dimension\), got 2"):
-        AdditiveAttention(3, 5, 7, 4)(torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 6, 2))
-
-
-def test_additive_attention_rejects_key_value_length_mismatch():
-    with pytest.raises(ValueError, match=r"key and value must have the same number of positions j, got 6 and 5"):
-        AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 5, 2))
-
-
-def test_additive_attention_rejects_bad_mask_shape():
-    with pytest.raises(ValueError, match=r"does not broadcast"):
-        AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 5),
-                                             attn_mask=torch.ones(2, 5, dtype=torch.bool))
-
-
 def test_parameter_free_scores_reject_different_sizes():
     for f in (dot_scores, scaled_dot_scores, cosine_scores):
         with pytest.raises(ValueError, match=r"query and key must share their last dimension d, got 24 and 16"):
@@ -265,7 +176,7 @@ def test_parameter_free_scores_reject_different_sizes():
 
 
 def test_functional_additive_rejects_hidden_mismatch():
-    with pytest.raises(ValueError, match=r"w_query and w_key must project to the same hidden size h, got 4 and 5"):
+    with pytest.raises(ValueError, match=r"w_query and w_key must project to the same hidden size a, got 4 and 5"):
         additive_scores(torch.randn(2, 3), torch.randn(2, 3), torch.randn(4, 3), torch.randn(5, 3),
                         torch.randn(4))
 
@@ -273,3 +184,47 @@ def test_functional_additive_rejects_hidden_mismatch():
 def test_bad_sizes_in_constructor():
     with pytest.raises(ValueError, match=r"d_hidden must be >= 1, got 0"):
         AdditiveScore(3, 5, 0)
+
+
+# ---------------------------------------------------------------- one test per class of bad input
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: dot_scores(torch.randn(2, 3, 4), torch.randn(3, 5, 4)), ValueError,
+         r"batch dims of query and key must broadcast .* got \(2,\) and \(3,\)"),
+        (lambda: GeneralScore(3, 3)(torch.randn(2, 3, dtype=D64), torch.randn(2, 3, dtype=D64)),
+         TypeError, r"query must have the dtype of weight \(torch.float32\), got torch.float64"),
+        (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3, dtype=D64), torch.randn(2, 4, 3, dtype=D64)),
+         TypeError, r"the dtype of the module's parameters \(torch.float32\)"),
+        (lambda: dot_scores(torch.randn(2, 3), torch.randn(2, 3, device="meta")), ValueError,
+         "query and key must be on the same device, got cpu and meta"),
+        (lambda: scaled_dot_scores(torch.randn(2, 3), torch.randn(2, 3), scale=True), TypeError,
+         "scale must be a float or None, got bool"),
+        (lambda: cosine_scores(torch.randn(2, 3), torch.randn(2, 3), eps=0.0), ValueError,
+         "eps must be > 0, got 0.0"),
+        (lambda: get_activation(3), TypeError, "activation must be one of .* got int"),
+        (lambda: GeneralScore(3, 3, bias="no"), TypeError, "bias must be a bool"),
+        (lambda: general_scores(torch.randn(2, 3), torch.randn(2, 3), torch.eye(3), torch.zeros(2)),
+         ValueError, r"bias must have shape \(d_k,\) = \(3,\), got \(2,\)"),
+        (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3), torch.randn(2, 4, 3), torch.randn(2, 4, 2, dtype=D64)),
+         TypeError, "value must have the dtype of query"),
+        (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3), torch.randn(2, 4, 3),
+                                         attn_mask=torch.ones(2, 4, dtype=torch.bool, device="meta")),
+         ValueError, "query and attn_mask must be on the same device"),
+    ],
+)
+def test_bad_input_classes(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_scores_with_no_keys_and_d_zero():
+    assert dot_scores(torch.randn(2, 3, 4), torch.randn(2, 0, 4)).shape == (2, 3, 0)
+    assert torch.equal(scaled_dot_scores(torch.randn(3, 0), torch.randn(2, 0)), torch.zeros(3, 2))
+    context, weights = AdditiveAttention(3, 5, 2, d_hidden=4)(
+        torch.randn(2, 3), torch.randn(2, 0, 5), torch.randn(2, 0, 2))
+    assert torch.equal(context, torch.zeros(2, 2)) and weights.shape == (2, 0)
+
+

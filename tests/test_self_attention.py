@@ -70,14 +70,15 @@ def test_matches_torch_sdpa(is_causal):
     x = torch.randn(2, 7, 16, dtype=DT)
     q, k, v = attn.w_query(x), attn.w_key(x), attn.w_value(x)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-    torch.testing.assert_close(attn(x, is_causal=is_causal), ref)
+    torch.testing.assert_close(attn(x, is_causal=is_causal)[0], ref)
 
 
 def test_need_weights_does_not_change_output():
     attn = make()
     x = torch.randn(2, 5, 16, dtype=DT)
     out, _ = attn(x, need_weights=True)
-    torch.testing.assert_close(attn(x), out)
+    torch.testing.assert_close(attn(x)[0], out)
+    assert attn(x)[1] is None
 
 
 def test_weights_rows_are_convex_combinations():
@@ -111,7 +112,7 @@ def test_padding_mask_blocks_padded_keys():
     # the padded tokens' features do not reach the real ones
     x2 = x.clone()
     x2[0, 3:] = 100.0
-    torch.testing.assert_close(attn(x2, attn_mask=mask)[0, :3], out[0, :3])
+    torch.testing.assert_close(attn(x2, attn_mask=mask)[0][0, :3], out[0, :3])
     ref = F.scaled_dot_product_attention(attn.w_query(x), attn.w_key(x), attn.w_value(x),
                                          attn_mask=mask)
     torch.testing.assert_close(out, ref)
@@ -123,7 +124,7 @@ def test_float_mask_is_added():
     bias = torch.randn(5, 5, dtype=DT)
     q, k, v = attn.w_query(x), attn.w_key(x), attn.w_value(x)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    torch.testing.assert_close(attn(x, attn_mask=bias), ref)
+    torch.testing.assert_close(attn(x, attn_mask=bias)[0], ref)
 
 
 @given(st.permutations(range(6)))
@@ -131,12 +132,12 @@ def test_permutation_equivariance(perm):
     attn = make()
     x = torch.randn(6, 16, dtype=DT, generator=torch.Generator().manual_seed(1))
     p = torch.tensor(perm)
-    torch.testing.assert_close(attn(x[p]), attn(x)[p])
+    torch.testing.assert_close(attn(x[p])[0], attn(x)[0][p])
 
 
 def test_gradients_flow_to_all_projections():
     attn = make()
-    attn(torch.randn(3, 16, dtype=DT)).sum().backward()
+    attn(torch.randn(3, 16, dtype=DT))[0].sum().backward()
     for layer in (attn.w_query, attn.w_key, attn.w_value):
         assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
 
@@ -155,7 +156,7 @@ def test_wrong_feature_size():
 
 
 def test_wrong_dtype():
-    with pytest.raises(TypeError, match="x must have the module's dtype torch.float64, got torch.float32"):
+    with pytest.raises(TypeError, match=r"x must have the dtype of the module\'s parameters \(torch.float64\), got torch.float32"):
         make()(torch.randn(6, 16))
 
 
@@ -187,3 +188,34 @@ def test_bad_sizes(arg):
     sizes[arg] = 2.0
     with pytest.raises(TypeError, match=f"{arg} must be an int, got float"):
         SelfAttention(sizes["d_in"], sizes["d_out_kq"], sizes["d_out_v"])
+
+
+def test_always_returns_output_and_weights_or_none():
+    attn = make()
+    x = torch.randn(2, 5, 16, dtype=DT)
+    out, w = attn(x)
+    assert out.shape == (2, 5, 28) and w is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"need_weights": "no"}, TypeError, "need_weights must be a bool"),
+        ({"is_causal": "yes"}, TypeError, "is_causal must be a bool"),
+        ({"attn_mask": causal_mask(6, device="meta")}, ValueError,
+         "query and attn_mask must be on the same device|x and attn_mask"),
+    ],
+)
+def test_bad_flags_and_mask_device(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        make()(torch.randn(6, 16, dtype=DT), **kwargs)
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError, match="positional argument"):
+        make()(torch.randn(6, 16, dtype=DT), causal_mask(6))
+
+
+def test_empty_sequence():
+    out, w = make()(torch.randn(2, 0, 16, dtype=DT), need_weights=True)
+    assert out.shape == (2, 0, 28) and w.shape == (2, 0, 0)

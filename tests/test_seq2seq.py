@@ -3,15 +3,17 @@
 import pytest
 import torch
 
-from attention import (
+from attention import causal_mask
+from attention.seq2seq import (
+    BOS,
+    FIRST_SYMBOL,
+    PAD,
     TinySeq2Seq,
-    causal_mask,
     encoder_decoder_masks,
     greedy_decode,
     reversal_batch,
     train_seq2seq,
 )
-from attention.seq2seq import BOS, FIRST_SYMBOL, PAD
 
 
 def test_reversal_batch_is_correct():
@@ -71,12 +73,13 @@ def test_model_shapes_and_masks():
     # padded source tokens do not change the real positions' outputs
     src2 = src.clone()
     src2[0, 6:] = PAD
-    logits2 = model(src2, tgt_in, src_lengths=[6, 8], tgt_lengths=[5, 3])
+    logits2, none = model(src2, tgt_in, src_lengths=[6, 8], tgt_lengths=[5, 3])
+    assert none is None
     torch.testing.assert_close(logits2[0], logits[0])
     # the decoder is causal: changing a later input token leaves earlier outputs alone
     tgt2 = tgt_in.clone()
     tgt2[:, 3] = FIRST_SYMBOL
-    torch.testing.assert_close(model(src, tgt2)[:, :3], model(src, tgt_in)[:, :3])
+    torch.testing.assert_close(model(src, tgt2)[0][:, :3], model(src, tgt_in)[0][:, :3])
 
 
 def test_model_errors():
@@ -87,8 +90,12 @@ def test_model_errors():
         model(torch.full((1, 4), 9), torch.full((1, 3), 2))
     with pytest.raises(ValueError, match="same batch size, got 1 and 2"):
         model(torch.full((1, 4), 2), torch.full((2, 3), 2))
-    with pytest.raises(ValueError, match="LongTensor of token ids"):
+    with pytest.raises(TypeError, match="src must have dtype torch.int64, got torch.float32"):
         model(torch.full((1, 4), 2.0), torch.full((1, 3), 2))
+    with pytest.raises(ValueError, match=r"tgt_in must be a \(b, n\) tensor of token ids"):
+        model(torch.full((1, 4), 2), torch.full((3,), 2))
+    with pytest.raises(TypeError, match="need_weights must be a bool"):
+        model(torch.full((1, 4), 2), torch.full((1, 3), 2), need_weights="no")
 
 
 def train_short(seed=0, steps=100):

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import entropy, log_softmax, logsumexp, softmax, softmax_jacobian, two_pass_softmax
+from attention import entropy, log_softmax, logsumexp, softmax
+from attention.softmax import softmax_jacobian, two_pass_softmax
 
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
 rows = st.lists(finite, min_size=1, max_size=12)
@@ -101,5 +102,50 @@ def test_entropy_limits():
     ],
 )
 def test_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# ---------------------------------------------------------------- edge cases, as torch
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    "row", [[INF, 1.0], [INF, INF], [-INF, -INF], [NAN, 1.0], [-INF, 1.0], [-INF, INF], []]
+)
+def test_inf_nan_and_empty_rows_as_torch(row):
+    x = torch.tensor(row, dtype=torch.float64).reshape(1, len(row))
+    for ours, theirs in ((softmax, torch.softmax), (log_softmax, torch.log_softmax),
+                         (logsumexp, torch.logsumexp)):
+        torch.testing.assert_close(ours(x, dim=-1), theirs(x, dim=-1), equal_nan=True)
+
+
+def test_entropy_propagates_nan_and_handles_empty_and_zero():
+    assert entropy(torch.tensor([NAN, 0.5])).isnan()
+    assert entropy(torch.zeros(2, 0)).tolist() == [0.0, 0.0]
+    assert entropy(torch.tensor([[0.0, 1.0], [0.5, 0.5]], dtype=torch.float64))[0] == 0.0
+    torch.testing.assert_close(
+        entropy(torch.tensor([0.2, 0.8], dtype=torch.float64)),
+        torch.distributions.Categorical(probs=torch.tensor([0.2, 0.8], dtype=torch.float64)).entropy(),
+    )
+
+
+def test_softmax_jacobian_and_two_pass_of_empty_rows():
+    assert softmax_jacobian(torch.zeros(3, 0)).shape == (3, 0, 0)
+    assert two_pass_softmax(torch.zeros(3, 0)).shape == (3, 0)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: softmax(torch.zeros(2, 3), dim=2), ValueError, r"dim must lie in \[-2, 1\]"),
+        (lambda: softmax(torch.zeros(2, 3), dim=1.0), TypeError, "dim must be an int"),
+        (lambda: entropy(torch.zeros(2, 3), dim=-3), ValueError, r"dim must lie in \[-2, 1\]"),
+        (lambda: logsumexp(torch.zeros(2, 3), keepdim="yes"), TypeError, "keepdim must be a bool"),
+        (lambda: two_pass_softmax(torch.tensor(1.0)), ValueError, "at least 1 dimensions"),
+    ],
+)
+def test_bad_dim_and_flags(call, exc, match):
     with pytest.raises(exc, match=match):
         call()

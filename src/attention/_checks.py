@@ -156,6 +156,12 @@ def check_tensor(
         )
 
 
+def check_has_data(name: str, x: Tensor) -> None:
+    """``x`` holds values (not a ``meta`` tensor), for checks that must read them."""
+    if x.device.type == "meta":
+        raise ValueError(f"{name} must hold values to be checked, got a tensor on the meta device")
+
+
 def check_same_device(**tensors: Tensor | None) -> None:
     """Every given tensor lives on one device (``None`` entries are skipped).
 
@@ -178,6 +184,23 @@ def check_same_dtype(**tensors: Tensor | None) -> None:
         first, t0 = present[0]
         if t.dtype != t0.dtype:
             raise TypeError(f"{first} and {name} must share a dtype, got {t0.dtype} and {t.dtype}")
+
+
+def check_like(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
+    """``x`` has the dtype and device of ``ref`` (e.g. an input and a module's weight).
+
+    A float64 input to a float32 module is a ``TypeError`` that says how to convert; a
+    different device is a ``ValueError`` naming both devices.
+    """
+    if x.dtype != ref.dtype:
+        raise TypeError(
+            f"{name} must have the dtype of {ref_name} ({ref.dtype}), got {x.dtype} "
+            "(convert one of them with .to(dtype))"
+        )
+    if x.device != ref.device:
+        raise ValueError(
+            f"{name} and {ref_name} must be on the same device, got {x.device} and {ref.device}"
+        )
 
 
 def check_qk(query, key, *, same_size: bool = True) -> None:
@@ -216,6 +239,17 @@ def check_qkv(query, key, value=None) -> None:
         )
 
 
+def check_value(value, j: int, like_name: str, like: Tensor, *, min_dim: int = 2) -> None:
+    """value ``(..., j, e)``: a floating tensor with one row per key, in the dtype and on the
+    device of ``like`` (the query, the weights ...); ``value=None`` is a ``TypeError``."""
+    check_tensor("value", value, floating=True, min_dim=min_dim)
+    check_like("value", value, like_name, like)
+    if value.shape[-2] != j:
+        raise ValueError(
+            f"value must have one row per key position: j = {j}, got {value.shape[-2]} rows"
+        )
+
+
 def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """NumPy broadcasting of shapes, or None when they do not broadcast.
 
@@ -246,7 +280,8 @@ def check_mask(
 ) -> None:
     """Require a boolean or floating mask that broadcasts to ``target`` = ``(..., i, j)``.
 
-    A float mask must have the query's dtype; with ``device`` given, the mask must live
+    A float mask must have the query's dtype or be float32 (what torch's SDPA accepts;
+    it is added to the scores in their dtype); with ``device`` given, the mask must live
     there (``ValueError`` naming both devices).
     """
     if not isinstance(attn_mask, Tensor):
@@ -256,9 +291,10 @@ def check_mask(
             "attn_mask must be boolean (True = may attend) or floating (added to the scores), "
             f"got {attn_mask.dtype}"
         )
-    if attn_mask.is_floating_point() and attn_mask.dtype != query_dtype:
+    if attn_mask.is_floating_point() and attn_mask.dtype not in (query_dtype, torch.float32):
         raise TypeError(
-            f"a float attn_mask must have the query's dtype {query_dtype}, got {attn_mask.dtype}"
+            f"a float attn_mask must have the query's dtype {query_dtype} (or float32), "
+            f"got {attn_mask.dtype}"
         )
     if device is not None and attn_mask.device != torch.device(device):
         raise ValueError(

@@ -63,7 +63,7 @@ def masked_softmax(scores: Tensor, attn_mask: Tensor | None = None, dim: int = -
             attn_mask = torch.zeros_like(attn_mask, dtype=scores.dtype).masked_fill(
                 ~attn_mask, float("-inf")
             )
-        scores = scores + attn_mask
+        scores = scores + attn_mask.to(scores.dtype)  # a float32 mask on float64 scores
     dead = torch.isneginf(scores).all(dim=dim, keepdim=True)  # (..., 1, ...) along dim
     scores = scores.masked_fill(dead, 0.0)
     return _softmax(scores, dim).masked_fill(dead, 0.0)

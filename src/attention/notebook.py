@@ -17,6 +17,7 @@ from importlib import resources
 import numpy as np
 import torch
 
+from ._checks import check_int
 from .plotting import use_course_style
 
 __all__ = ["setup_notebook", "report_close", "load_benchmark"]
@@ -35,15 +36,10 @@ def setup_notebook(seed: int = 0, *, precision: int = 4, threads: int = 1) -> No
         precision: decimals shown when printing tensors and arrays.
         threads: CPU threads PyTorch may use.
     """
-    for name, value in (("seed", seed), ("precision", precision), ("threads", threads)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if precision < 0:
-        raise ValueError(f"precision must be >= 0, got {precision}")
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    # every argument is checked before any global state (seeds, threads, style) changes
+    seed = check_int("seed", seed, minimum=0)
+    precision = check_int("precision", precision, minimum=0)
+    threads = check_int("threads", threads, minimum=1)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

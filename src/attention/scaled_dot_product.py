@@ -46,6 +46,7 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropo
 def attention_weights(
     query: Tensor,
     key: Tensor,
+    *,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
@@ -69,7 +70,8 @@ def attention_weights(
 
     Returns:
         ``(..., h, i, j)`` weights; each row sums to 1, masked entries are exactly 0 and a
-        row with no visible key is all zeros.
+        row with no visible key is all zeros (so is every row when ``j = 0``). A NaN
+        score makes its whole row NaN, even where masked, as in PyTorch.
 
     Example:
         >>> q = k = torch.eye(2)
@@ -87,6 +89,7 @@ def scaled_dot_product_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
@@ -94,6 +97,10 @@ def scaled_dot_product_attention(
 
     Same signature and semantics as ``torch.nn.functional.scaled_dot_product_attention``,
     written so every step is visible: scores, mask, softmax, (dropout), weighted sum.
+    The edge cases follow PyTorch too: a boolean mask is applied as an additive one, so
+    a NaN or ``+inf`` score poisons its row even where masked; a row with no visible
+    key, and every row when there are no keys (``j = 0``), gives zeros; ``d = 0`` gives
+    zero scores, hence the mean of the values.
 
     Args:
         query: ``(..., h, i, d)``.
@@ -107,6 +114,13 @@ def scaled_dot_product_attention(
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
 
+    Raises:
+        TypeError: for non-tensors, non-floating or mixed dtypes, a non-bool flag, a
+            non-numeric scale or dropout_p.
+        ValueError: for mismatched ``d``/``j``/heads, batch dims that don't broadcast, a
+            mask of the wrong shape, inputs on different devices, ``attn_mask`` together
+            with ``is_causal=True``, ``dropout_p`` outside ``[0, 1]``.
+
     Returns:
         ``(..., h, i, e)``. A query with no visible key gets a zero output.
 
@@ -116,5 +130,5 @@ def scaled_dot_product_attention(
         [[1.0]]
     """
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
-    check_probability("dropout_p", dropout_p)
+    check_probability("dropout_p", dropout_p, closed=True)  # torch allows 1.0: all zeros
     return _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p)[0]

@@ -1,7 +1,8 @@
 """Softmax, its logarithm and its Jacobian (taught in chapter 02).
 
 Shape legend used across the package: ``b`` batch, ``h`` heads, ``i`` query positions,
-``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` any softmax axis.
+``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length (here
+the length of the axis the softmax normalises over).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from torch import Tensor
 
 from ._checks import check_bool, check_dim, check_tensor
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_jacobian", "two_pass_softmax", "entropy"]
+# softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 12, are imported
+# from this module (``from attention.softmax import softmax_jacobian``).
+__all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
 
 
 def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
@@ -27,9 +30,14 @@ def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
     return m.masked_fill(drop, 0.0)
 
 
+def _empty(x: Tensor, dim: int) -> bool:
+    """Whether the axis ``dim`` has no entries (a 0-dim tensor counts as one entry)."""
+    return x.dim() > 0 and x.shape[dim] == 0
+
+
 def _softmax(x: Tensor, dim: int) -> Tensor:
     """Unchecked core of :func:`softmax`."""
-    if x.shape[dim] == 0:  # nothing to normalise (amax would refuse the empty axis)
+    if _empty(x, dim):  # nothing to normalise (amax would refuse the empty axis)
         return x.clone()
     z = torch.exp(x - _shift(x, dim, zero_infinite=False))
     return z / z.sum(dim=dim, keepdim=True)
@@ -79,7 +87,7 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     """
     _check("x", x, dim)
     check_bool("keepdim", keepdim)
-    if x.shape[dim] == 0:
+    if _empty(x, dim):
         return torch.logsumexp(x, dim=dim, keepdim=keepdim)  # -inf, torch's convention
     m = _shift(x, dim, zero_infinite=True)
     out = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
@@ -98,7 +106,7 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
         [0.0, -10000.0]
     """
     _check("x", x, dim)
-    if x.shape[dim] == 0:
+    if _empty(x, dim):
         return x.clone()
     shifted = x - _shift(x, dim, zero_infinite=False)
     return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))
@@ -118,8 +126,12 @@ def two_pass_softmax(x: Tensor) -> Tensor:
 
     Returns:
         ``(..., n)`` weights, equal to :func:`softmax`.
+
+    Example:
+        >>> two_pass_softmax(torch.tensor([0.0, 0.0])).tolist()
+        [0.5, 0.5]
     """
-    check_tensor("x", x, floating=True)
+    check_tensor("x", x, floating=True, min_dim=1)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
     for k in range(n):  # phase 1, read 1: running maximum
