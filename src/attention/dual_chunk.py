@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ._checks import check_bool, check_int, check_size, validate_attention
 from ._core import default_scale, expand_kv_heads, masked_softmax
-from .positional import _check_base, _check_scaling, _inv_freq, _rotate
+from .positional import _apply_rope, _check_base, _check_scaling
 
 __all__ = ["dual_chunk_positions", "dual_chunk_attention"]
 
@@ -175,11 +175,9 @@ def dual_chunk_attention(
         )
 
     device = query.device
-    inv_freq = _inv_freq(d, base, scaling, device)
 
     def rotate(x: Tensor, positions: Tensor) -> Tensor:
-        angles = positions.to(torch.float64)[:, None] * inv_freq  # (n, d/2)
-        return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+        return _apply_rope(x, positions, base, interleaved, scaling)
 
     first = j - i  # the queries sit at positions first ... j - 1
     q_pos = torch.arange(first, j, device=device)
