@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from attention import (
+    MultiHeadAttention,
     alibi_bias,
     alibi_slopes,
     apply_rope,
@@ -377,3 +378,112 @@ def test_unusable_bucket_settings_are_refused():
         relative_position_bucket(torch.tensor([1]), num_buckets=2)
     with pytest.raises(ValueError, match="max_distance must exceed the 8 exact buckets"):
         relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=8)
+
+
+# ---------------------------------------------------------------- MultiHeadAttention(rope=True)
+
+
+def _llama_and_ours(num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
+    """A Hugging Face LlamaAttention (tiny config, random weights) and our module with its weights."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=num_heads * head_dim,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        attn_implementation="sdpa",  # the eager path takes its softmax in float32
+    )
+    torch.manual_seed(seed)
+    llama = LlamaAttention(config, layer_idx=0).to(DT).eval()
+    ours = MultiHeadAttention(
+        num_heads * head_dim, num_heads, num_kv_heads=num_kv_heads, bias=False, rope=True,
+        rope_base=500.0, dtype=DT,
+    ).eval()
+    with torch.no_grad():
+        for mine, theirs in (("w_query", "q_proj"), ("w_key", "k_proj"), ("w_value", "v_proj"), ("w_out", "o_proj")):
+            getattr(ours, mine).weight.copy_(getattr(llama, theirs).weight)
+    return llama, LlamaRotaryEmbedding(config), ours
+
+
+def _llama_forward(llama, x, position_ids, cos_sin):
+    n = x.shape[1]
+    causal = torch.zeros(n, n, dtype=DT).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
+    with torch.no_grad():
+        out, _ = llama(x, position_embeddings=cos_sin, attention_mask=causal[None, None])
+    return out
+
+
+def _float64_cos_sin(position_ids, head_dim, base):
+    angles = position_ids[..., None].to(DT) * rope_frequencies(head_dim, base=base)  # (b, n, d/2)
+    emb = torch.cat((angles, angles), dim=-1)  # Hugging Face's layout: the halves repeated
+    return emb.cos(), emb.sin()
+
+
+def test_rope_multihead_attention_equals_hugging_face_llama_attention():
+    llama, rotary, ours = _llama_and_ours()
+    x = _randn(2, 9, 32, seed=11)
+    position_ids = torch.arange(9)[None].expand(2, 9)
+    with torch.no_grad():
+        out, _ = ours(x, x, x, is_causal=True)
+    # Hugging Face's rotary class computes the angles in float32: float32-sized differences
+    assert_close(out, _llama_forward(llama, x, position_ids, rotary(x, position_ids)), atol=1e-5, rtol=0)
+    # fed float64 angles, the two agree to rounding: same layout, same GQA grouping
+    exact = _llama_forward(llama, x, position_ids, _float64_cos_sin(position_ids, 8, 500.0))
+    assert_close(out, exact, atol=1e-12, rtol=0)
+    with torch.no_grad():  # the materialising path gives the same
+        assert_close(ours(x, x, x, is_causal=True, need_weights=True)[0], exact, atol=1e-12, rtol=0)
+
+
+def test_rope_multihead_cached_decoding_equals_the_full_llama_forward():
+    llama, _, ours = _llama_and_ours(num_heads=4, num_kv_heads=1)
+    x = _randn(2, 10, 32, seed=12)
+    position_ids = torch.arange(10)[None].expand(2, 10)
+    expected = _llama_forward(llama, x, position_ids, _float64_cos_sin(position_ids, 8, 500.0))
+    cache = ours.new_cache(batch_size=2, max_len=10)
+    with torch.inference_mode():
+        pieces = [ours(x[:, :6], x[:, :6], x[:, :6], is_causal=True, cache=cache)[0]]  # prefill
+        for t in range(6, 10):  # then one token at a time: positions continue from the cache
+            step = x[:, t : t + 1]
+            pieces.append(ours(step, step, step, is_causal=True, cache=cache)[0])
+    assert_close(torch.cat(pieces, dim=1), expected, atol=1e-12, rtol=0)
+
+
+def test_rope_multihead_positions_argument():
+    _, _, ours = _llama_and_ours()
+    x = _randn(2, 7, 32, seed=13)
+    with torch.no_grad():
+        default, _ = ours(x, x, x, is_causal=True)
+        explicit, _ = ours(x, x, x, is_causal=True, positions=torch.arange(7))
+        shifted, _ = ours(x, x, x, is_causal=True, positions=torch.arange(500, 507))
+        per_row, _ = ours(x, x, x, is_causal=True, positions=torch.stack([torch.arange(7), torch.arange(40, 47)]))
+    assert torch.equal(explicit, default)
+    assert_close(shifted, default, atol=1e-10, rtol=0)  # scores depend on distances only
+    assert_close(per_row, default, atol=1e-10, rtol=0)
+    interleaved = MultiHeadAttention(
+        32, 4, num_kv_heads=2, bias=False, rope=True, rope_base=500.0, rope_interleaved=True, dtype=DT
+    )
+    interleaved.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(interleaved(x, x, x, is_causal=True)[0], default)  # another layout
+
+
+def test_rope_multihead_attention_refuses_bad_input():
+    mha = MultiHeadAttention(16, 2, rope=True)
+    x, memory = torch.randn(1, 4, 16), torch.randn(1, 6, 16)
+    with pytest.raises(ValueError, match="same length, got 6 and 4"):
+        mha(x, memory, memory)  # cross-attention
+    with pytest.raises(ValueError, match="build the module with rope=True"):
+        MultiHeadAttention(16, 2)(x, x, x, positions=torch.arange(4))
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        mha(x, x, x, positions=torch.arange(4.0))
+    with pytest.raises(ValueError, match="must broadcast"):
+        mha(x, x, x, positions=torch.arange(5))
+    with pytest.raises(ValueError, match="head size embed_dim // num_heads must be even, got 3"):
+        MultiHeadAttention(6, 2, rope=True)
+    with pytest.raises(TypeError, match="rope must be a bool"):
+        MultiHeadAttention(16, 2, rope=1)
+    with pytest.raises(ValueError, match="base must be finite and > 0"):
+        MultiHeadAttention(16, 2, rope=True, rope_base=-1.0)

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ._checks import check_bool, check_int, check_size, validate_attention
 from ._core import default_scale, expand_kv_heads, masked_softmax
-from .positional import _check_base, _check_scaling, _inv_freq, _rotate
+from .positional import _apply_rope, _check_base, _check_scaling
 
 __all__ = ["dual_chunk_positions", "dual_chunk_attention"]
 
@@ -175,18 +175,17 @@ def dual_chunk_attention(
         )
 
     device = query.device
-    if enable_gqa:
-        key, value = expand_kv_heads(key, query.shape[-3]), expand_kv_heads(value, query.shape[-3])
-    inv_freq = _inv_freq(d, base, scaling, device)
 
     def rotate(x: Tensor, positions: Tensor) -> Tensor:
-        angles = positions.to(torch.float64)[:, None] * inv_freq  # (n, d/2)
-        return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+        return _apply_rope(x, positions, base, interleaved, scaling)
 
-    q_pos = torch.arange(j - i, j, device=device)  # absolute positions of the queries
+    first = j - i  # the queries sit at positions first ... j - 1
+    q_pos = torch.arange(first, j, device=device)
     q_idx = _positions(q_pos, s, w)
-    k_rot = rotate(key, _positions(torch.arange(j, device=device), s, w).key)  # (..., j, d)
-    q_intra = rotate(query, q_idx.intra)  # (..., i, d)
+    k_rot = rotate(key, _positions(torch.arange(j, device=device), s, w).key)  # (..., h_kv, j, d)
+    if enable_gqa:
+        k_rot, value = expand_kv_heads(k_rot, query.shape[-3]), expand_kv_heads(value, query.shape[-3])
+    q_intra = rotate(query, q_idx.intra)  # (..., h, i, d)
     q_succ = rotate(query, q_idx.successive)
     q_inter = rotate(query, q_idx.inter)
     scale = default_scale(scale, d)
@@ -195,12 +194,12 @@ def dual_chunk_attention(
 
     outputs = [query.new_zeros((*scores_shape[:-2], 0, value.shape[-1]))]  # (..., h, 0, e)
     rows_done = 0
-    while rows_done < i:
-        chunk = int(q_pos[rows_done]) // s
-        stop = min(i, rows_done + (chunk + 1) * s - int(q_pos[rows_done]))  # end of this chunk
+    while rows_done < i:  # one chunk of queries at a time
+        chunk = (first + rows_done) // s
+        stop = min(i, (chunk + 1) * s - first)  # the rows of this chunk: rows_done ... stop - 1
         rows = slice(rows_done, stop)
         start_succ, start_intra = max(0, (chunk - 1) * s), chunk * s
-        end = int(q_pos[stop - 1]) + 1  # keys after the last query of the chunk are hidden
+        end = first + stop  # keys after the chunk's last query are hidden anyway
         parts = (
             (q_inter, 0, start_succ),
             (q_succ, start_succ, start_intra),

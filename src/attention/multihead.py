@@ -13,7 +13,9 @@ The production formulation (Vaswani et al., 2017): one projection per role,
 the keys and values have fewer heads, each shared by a group of ``h / h_kv`` query heads:
 grouped-query attention (GQA; Ainslie et al., 2023), or multi-query attention (MQA;
 Shazeer, 2019) for ``h_kv = 1``. The KV cache for incremental decoding is in
-:mod:`attention.kv_cache`.
+:mod:`attention.kv_cache`. With ``rope=True`` the queries and keys of every head are
+rotated by their positions (rotary position embedding, chapter 07) after the split into
+heads and before the scores, as in Llama-style models.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ._checks import (
     check_tensor,
 )
 from .kv_cache import KVCache
+from .positional import _apply_rope, _check_base, _check_positions
 from .scaled_dot_product import _attention
 
 # split_heads and merge_heads are imported from this module by chapters 06 and 15.
@@ -106,6 +109,12 @@ class MultiHeadAttention(nn.Module):
         batch_first: accepted for symmetry with ``nn.MultiheadAttention``; inputs are
             always ``(b, L, features)``, so only ``True`` is allowed.
         device, dtype: where and in which dtype to create the parameters.
+        rope: rotate the queries and keys of each head by their positions (RoPE,
+            :func:`attention.apply_rope`) before the scores; self-attention only, and the
+            head size must be even.
+        rope_base: RoPE's base (10000 in Llama 2, 500000 in Llama 3).
+        rope_interleaved: RoPE's feature pairs: False pairs ``k`` with ``k + d/2``
+            (Hugging Face's Llama layout), True pairs ``(2k, 2k+1)`` (Meta's layout).
 
     Submodules (``nn.Linear``): ``w_query`` (embed_dim -> embed_dim), ``w_key``
     (kdim -> h_kv*d), ``w_value`` (vdim -> h_kv*d), ``w_out`` (embed_dim -> embed_dim).
@@ -141,6 +150,9 @@ class MultiHeadAttention(nn.Module):
         batch_first: bool = True,
         device=None,
         dtype: torch.dtype | None = None,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        rope_interleaved: bool = False,
     ) -> None:
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -170,6 +182,14 @@ class MultiHeadAttention(nn.Module):
         dropout = check_probability("dropout", dropout, closed=True)
         device = check_device("device", device)
         dtype = None if dtype is None else check_dtype("dtype", dtype, floating=True)
+        self.rope = check_bool("rope", rope)
+        self.rope_base = _check_base(rope_base)
+        self.rope_interleaved = check_bool("rope_interleaved", rope_interleaved)
+        if rope and (embed_dim // num_heads) % 2:
+            raise ValueError(
+                "rope=True rotates feature pairs, so the head size embed_dim // num_heads "
+                f"must be even, got {embed_dim // num_heads}"
+            )
 
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
@@ -191,6 +211,8 @@ class MultiHeadAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
+            + (f", rope_base={self.rope_base:g}, rope_interleaved={self.rope_interleaved}"
+               if self.rope else "")
         )
 
     def new_cache(
@@ -210,7 +232,7 @@ class MultiHeadAttention(nn.Module):
             device=weight.device if device is None else device,
         )
 
-    def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache) -> None:
+    def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache, positions):
         for name, t, size, size_name, layer in (
             ("query", query, self.embed_dim, "embed_dim", self.w_query),
             ("key", key, self.kdim, "kdim", self.w_key),
@@ -240,6 +262,19 @@ class MultiHeadAttention(nn.Module):
         check_mask_or_causal(attn_mask, is_causal)
         check_bool("need_weights", need_weights)
         b, i, j = query.shape[0], query.shape[1], key.shape[1]
+        if positions is not None and not self.rope:
+            raise ValueError("positions are used by rotary embeddings only: build the module with rope=True")
+        if self.rope and i != j:
+            raise ValueError(
+                "with rope=True the keys must be the query tokens' own (self-attention), so "
+                f"key and query must have the same length, got {j} and {i} (cross-attention "
+                "has no shared positions)"
+            )
+        if positions is not None:
+            check_tensor("positions", positions)
+            if positions.dim() not in (1, 2):
+                raise ValueError(f"positions must be (i,) or (b, i), got {tuple(positions.shape)}")
+            _check_positions(positions, (b, i), query, "query", "(b, i)")
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
@@ -269,6 +304,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` in every head.
 
@@ -291,16 +327,28 @@ class MultiHeadAttention(nn.Module):
                 values are projected, appended to it, and the queries attend to all of
                 its positions. Prefill with the prompt, then call with one token at a time,
                 under ``torch.inference_mode()`` or ``torch.no_grad()``.
+            positions: with ``rope=True``, the integer positions of the ``i`` new tokens,
+                ``(i,)`` or ``(b, i)``; the keys share them. Default ``arange(i)``, shifted
+                by the cache's length when a cache is given, so cached decoding equals the
+                full causal call.
 
         Returns:
             ``(output, weights)``: output ``(b, i, embed_dim)``; weights ``(b, h, i, j)``
             before dropout (rows sum to 1) if ``need_weights`` else ``None``.
             ``weights.mean(1)`` is what ``nn.MultiheadAttention`` returns by default.
         """
-        self._validate(query, key, value, attn_mask, is_causal, need_weights, cache)
+        self._validate(query, key, value, attn_mask, is_causal, need_weights, cache, positions)
         q = _split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
         k = _split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
         v = _split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
+        if self.rope:  # rotate queries and keys by their positions, before any score
+            if positions is None:
+                start = 0 if cache is None else cache.length
+                positions = torch.arange(start, start + q.shape[2], device=q.device)  # (i,)
+            elif positions.dim() == 2:
+                positions = positions[:, None, :]  # (b, 1, i): the same for every head
+            q = _apply_rope(q, positions, self.rope_base, self.rope_interleaved, None)
+            k = _apply_rope(k, positions, self.rope_base, self.rope_interleaved, None)
         if cache is not None:
             k, v = cache._append(k, v)  # (b, h_kv, cached + j, d)
             if is_causal:

@@ -115,20 +115,19 @@ def _check_scaling(scaling, d: int) -> tuple[str, float] | None:
     return kind, float(factor)
 
 
-def _check_positions(positions, x: Tensor) -> Tensor:
-    """Integer positions on ``x``'s device that broadcast to ``x.shape[:-1]`` = ``(..., n)``."""
+def _check_positions(
+    positions, shape: tuple[int, ...], like: Tensor, like_name: str, what: str
+) -> Tensor:
+    """Integer positions on ``like``'s device that broadcast to ``shape`` (named ``what``)."""
     check_tensor("positions", positions)
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(
             "positions must be an integer tensor (token indices), got "
             f"{positions.dtype}; to stretch positions use scaling={{'type': 'linear', ...}}"
         )
-    check_same_device(positions=positions, x=x)
-    shape = tuple(x.shape[:-1])
-    if broadcast_shapes("positions and x.shape[:-1]", tuple(positions.shape), shape) != shape:
-        raise ValueError(
-            f"positions of shape {tuple(positions.shape)} must broadcast to x.shape[:-1] = {shape}"
-        )
+    check_same_device(positions=positions, **{like_name: like})
+    if broadcast_shapes(f"positions and {what}", tuple(positions.shape), shape) != shape:
+        raise ValueError(f"positions of shape {tuple(positions.shape)} must broadcast to {what} = {shape}")
     return positions
 
 
@@ -154,6 +153,14 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     half = x.shape[-1] // 2  # pairs (k, k + d/2): Hugging Face's rotate_half layout
     x0, x1 = x[..., :half], x[..., half:]
     return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+
+
+def _apply_rope(
+    x: Tensor, positions: Tensor, base: float, interleaved: bool, scaling: tuple[str, float] | None
+) -> Tensor:
+    """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
+    angles = positions.to(torch.float64)[..., None] * _inv_freq(x.shape[-1], base, scaling, x.device)
+    return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
 def _slopes_power_of_two(h: int) -> list[float]:
@@ -287,14 +294,11 @@ def apply_rope(
     base = _check_base(base)
     check_bool("interleaved", interleaved)
     scaling = _check_scaling(scaling, d)
-    n = x.shape[-2]
     if positions is None:
-        positions = torch.arange(n, device=x.device)  # (n,)
+        positions = torch.arange(x.shape[-2], device=x.device)  # (n,)
     else:
-        positions = _check_positions(positions, x)
-    angles = positions.to(torch.float64)[..., None] * _inv_freq(d, base, scaling, x.device)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., n, d/2)
-    return _rotate(x, cos, sin, interleaved)
+        positions = _check_positions(positions, tuple(x.shape[:-1]), x, "x", "x.shape[:-1]")
+    return _apply_rope(x, positions, base, interleaved, scaling)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
