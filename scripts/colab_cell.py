@@ -68,8 +68,9 @@ def main(argv: list[str]) -> int:
         nb = json.loads(path.read_text())
         cells = nb["cells"]
         n = first_code_index(cells)
+        meta = cells[n]["metadata"]
         ok = is_install_cell(cells[n]) and "".join(cells[n]["source"]) == SOURCE \
-            and cells[n]["metadata"] == METADATA
+            and all(meta.get(key) == value for key, value in METADATA.items())
         if ok:
             continue
         missing.append(path.name)
