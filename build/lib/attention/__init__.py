@@ -2,202 +2,55 @@
 
 Mask convention everywhere: boolean, True = may attend, broadcastable to ``(b, h, i, j)``
 (as in ``torch.nn.functional.scaled_dot_product_attention``); float masks are added to
-the scores. Each module's docstring names the chapter that teaches it; the imports below
-follow the reading order. ``attention.pretrained`` imports transformers only when called.
+the scores.
+
+This facade re-exports each module's ``__all__``, one line per module, in the order the
+chapters teach them; adding a module is adding its line. Helpers that one chapter uses
+(``attention.softmax.softmax_jacobian``, ``attention.masks.decoding_mask``,
+``attention.kv_cache.kv_cache_bytes_per_token``, the score functions of
+``attention.scoring`` ...) are imported from their module, and so is chapter 08's toy
+translation task, ``attention.seq2seq``. ``attention.pretrained`` imports transformers
+only when called. ``tests/test_facade.py`` checks that ``__all__`` is exactly the union of
+the re-exported modules' ``__all__``.
 """
 
-from .alignment import (  # chapter 09
-    LocalAlignment,
-    MultiDimensionalAttention,
-    hard_alignment,
-    hard_attention,
-    local_alignment,
-    local_centre,
-    local_window,
-    multidimensional_attention,
-    multidimensional_scores,
-    multidimensional_weights,
-    soft_alignment,
-    soft_attention,
-)
-from .approximate import (  # chapter 11
-    linformer_attention,
-    linformer_projection,
-    lsh_attention,
-    lsh_buckets,
-)
-from .cross_attention import CrossAttention  # chapter 08
-from .kv_cache import KVCache, kv_cache_bytes_per_token  # chapter 06
-from .linear import (  # chapter 10
-    elu_feature_map,
-    linear_attention,
-    linear_attention_naive,
-    linear_attention_step,
-    linear_attention_weights,
-    performer_feature_map,
-    random_feature_map,
-    relu_feature_map,
-)
-from .masks import (  # chapter 04, 11
-    bigbird_mask,
-    block_sparse_mask,
-    causal_mask,
-    combine_masks,
-    decoding_mask,
-    dilated_mask,
-    global_tokens_mask,
-    padding_mask,
-    sliding_window_mask,
-    to_additive_mask,
-)
-from .multihead import MultiHeadAttention, merge_heads, repeat_kv, split_heads  # chapter 06
-from .notebook import load_benchmark, report_close, setup_notebook
-from .plotting import plot_attention, plot_heads, plot_mask, use_course_style
-from .pretrained import (  # chapter 15
-    AttentionTrace,
-    attention_share,
-    head_distances,
-    head_diversity,
-    load_minilm,
-    mean_attention_entropy,
-    minilm_attention_layer,
-    minilm_attention_weights,
-    minilm_model_dir,
-    sink_share,
-    token_position,
-    top_heads,
-    trace_attention,
-)
-from .scaled_dot_product import attention_weights, scaled_dot_product_attention  # chapter 01-04
-from .scoring import (  # chapter 09
-    ACTIVATIONS,
-    AdditiveAttention,
-    AdditiveScore,
-    GeneralScore,
-    additive_hidden,
-    additive_scores,
-    cosine_scores,
-    dot_scores,
-    general_scores,
-    get_activation,
-    scaled_dot_scores,
-)
-from .self_attention import SelfAttention  # chapter 05
-from .seq2seq import (  # chapter 08
-    TinySeq2Seq,
-    encoder_decoder_masks,
-    greedy_decode,
-    reversal_batch,
-    train_seq2seq,
-)
-from .softmax import (  # chapter 02
-    entropy,
-    log_softmax,
-    logsumexp,
-    softmax,
-    softmax_jacobian,
-    two_pass_softmax,
-)
-from .sparse import (  # chapter 11
-    block_sparse_attention,
-    local_global_layout,
-    sliding_window_attention,
-)
-from .tiled import online_softmax, online_softmax_blocked, tiled_attention  # chapter 12
+from types import ModuleType as _ModuleType
+
+# ruff: noqa: I001  (the imports follow the reading order, not the alphabet)
+from .notebook import *  # noqa: F403  set-up and checks of every chapter
+from .plotting import *  # noqa: F403  figures of every chapter
+from .softmax import *  # noqa: F403  chapter 02
+from .scaled_dot_product import *  # noqa: F403  chapters 01-04
+from .masks import *  # noqa: F403  chapter 04
+from .self_attention import *  # noqa: F403  chapter 05
+from .multihead import *  # noqa: F403  chapter 06
+from .kv_cache import *  # noqa: F403  chapter 06
+from .positional import *  # noqa: F403  chapter 07
+from .dual_chunk import *  # noqa: F403  chapter 07
+from .cross_attention import *  # noqa: F403  chapter 08
+from .scoring import *  # noqa: F403  chapter 09
+from .alignment import *  # noqa: F403  chapter 09
+from .additive import *  # noqa: F403  chapter 09
+from .feature_maps import *  # noqa: F403  chapter 10
+from .linear import *  # noqa: F403  chapter 10
+from .patterns import *  # noqa: F403  chapter 11
+from .sparse import *  # noqa: F403  chapter 11
+from .approximate import *  # noqa: F403  chapter 11
+from .tiled import *  # noqa: F403  chapter 12
+from .distributed import *  # noqa: F403  chapter 13
+from .sinks import *  # noqa: F403  chapter 14
+from .latent import *  # noqa: F403  chapter 14
+from .paged import *  # noqa: F403  chapter 14
+from .logits import *  # noqa: F403  chapter 14
+from .pretrained import *  # noqa: F403  chapter 15
+from .head_stats import *  # noqa: F403  chapter 15
 
 __version__ = "0.1.0"
 
+# Every public name bound above, in reading order (the star imports bind exactly each
+# module's __all__; the submodules themselves, bound as attributes, are left out).
 __all__ = [
-    "entropy",
-    "log_softmax",
-    "logsumexp",
-    "softmax",
-    "softmax_jacobian",
-    "two_pass_softmax",
-    "attention_weights",
-    "scaled_dot_product_attention",
-    "bigbird_mask",
-    "block_sparse_mask",
-    "causal_mask",
-    "combine_masks",
-    "decoding_mask",
-    "dilated_mask",
-    "global_tokens_mask",
-    "padding_mask",
-    "sliding_window_mask",
-    "to_additive_mask",
-    "setup_notebook",
-    "report_close",
-    "load_benchmark",
-    "plot_attention",
-    "plot_heads",
-    "plot_mask",
-    "use_course_style",
-    "SelfAttention",
-    "merge_heads",
-    "MultiHeadAttention",
-    "repeat_kv",
-    "split_heads",
-    "kv_cache_bytes_per_token",
-    "KVCache",
-    "CrossAttention",
-    "encoder_decoder_masks",
-    "greedy_decode",
-    "reversal_batch",
-    "TinySeq2Seq",
-    "train_seq2seq",
-    "ACTIVATIONS",
-    "additive_hidden",
-    "additive_scores",
-    "AdditiveAttention",
-    "AdditiveScore",
-    "cosine_scores",
-    "dot_scores",
-    "general_scores",
-    "GeneralScore",
-    "get_activation",
-    "scaled_dot_scores",
-    "hard_alignment",
-    "hard_attention",
-    "local_alignment",
-    "local_centre",
-    "local_window",
-    "LocalAlignment",
-    "multidimensional_attention",
-    "multidimensional_scores",
-    "multidimensional_weights",
-    "MultiDimensionalAttention",
-    "soft_alignment",
-    "soft_attention",
-    "elu_feature_map",
-    "linear_attention",
-    "linear_attention_naive",
-    "linear_attention_step",
-    "linear_attention_weights",
-    "performer_feature_map",
-    "random_feature_map",
-    "relu_feature_map",
-    "block_sparse_attention",
-    "local_global_layout",
-    "sliding_window_attention",
-    "linformer_attention",
-    "linformer_projection",
-    "lsh_attention",
-    "lsh_buckets",
-    "online_softmax",
-    "online_softmax_blocked",
-    "tiled_attention",
-    "attention_share",
-    "AttentionTrace",
-    "head_distances",
-    "head_diversity",
-    "load_minilm",
-    "mean_attention_entropy",
-    "minilm_attention_layer",
-    "minilm_attention_weights",
-    "minilm_model_dir",
-    "sink_share",
-    "token_position",
-    "top_heads",
-    "trace_attention",
+    name
+    for name, value in dict(globals()).items()
+    if not name.startswith("_") and not isinstance(value, _ModuleType)
 ]

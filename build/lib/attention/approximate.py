@@ -1,8 +1,9 @@
 """Content-based and low-rank approximations of attention (taught in chapter 11).
 
-Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions, ``j`` key
-positions, ``n`` sequence length (self-attention, ``i = j = n``), ``d`` query/key size,
-``e`` value size, ``r`` hash rounds, ``c`` chunks, ``C`` chunk size, ``k`` projected length.
+Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
+positions, ``j`` key positions, ``n`` sequence length (self-attention, ``i = j = n``),
+``d`` query/key size, ``e`` value size, ``r`` hash rounds, ``c`` chunks, ``C`` chunk size,
+``k`` projected length.
 
 * :func:`lsh_attention` (Reformer {cite}`kitaev2020reformer`): shared queries/keys are
   hashed with random rotations so that similar vectors tend to share a bucket; the
@@ -12,57 +13,67 @@ positions, ``n`` sequence length (self-attention, ``i = j = n``), ``d`` query/ke
   projected along the *sequence* axis to ``k`` rows, so the scores are ``(i, k)``.
 
 Both are approximations; the tests check that each reduces to full attention in its
-limit (one bucket and one chunk; ``k = n`` with identity projections).
+limit (one bucket and one chunk; ``k = n`` with identity projections). Both take the
+package's attention contract ``(query, key, value, *, attn_mask=None, is_causal=False,
+scale=None, enable_gqa=False, ...)`` and refuse what they cannot do (LSH: an
+``attn_mask``, and a key other than the query; Linformer: any mask or ``is_causal``).
+``lsh_buckets`` and ``linformer_projection`` are importable from ``attention.approximate``.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
-from .scaled_dot_product import scaled_dot_product_attention
+from ._checks import (
+    broadcast_shapes,
+    check_bool,
+    check_dtype,
+    check_generator,
+    check_int,
+    check_same_device,
+    check_size,
+    check_tensor,
+    validate_attention,
+)
+from ._core import default_scale
+from .scaled_dot_product import _attention
+from .sparse import _matmul_skipping
 
-__all__ = ["lsh_buckets", "lsh_attention", "linformer_projection", "linformer_attention"]
+__all__ = ["lsh_attention", "linformer_attention"]
 
 
-def _check_scale(scale) -> None:
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-
-
-def _check_n_buckets(n_buckets) -> int:
-    n_buckets = check_int("n_buckets", n_buckets, minimum=1)
-    if n_buckets != 1 and n_buckets % 2:
+def _check_num_buckets(num_buckets) -> int:
+    num_buckets = check_size("num_buckets", num_buckets)
+    if num_buckets != 1 and num_buckets % 2:
         raise ValueError(
-            "n_buckets must be 1 or even (the hash is argmax over [xR, -xR]), "
-            f"got {n_buckets}"
+            "num_buckets must be 1 or even (the hash is argmax over [xR, -xR]), "
+            f"got {num_buckets}"
         )
-    return n_buckets
+    return num_buckets
 
 
 def lsh_buckets(
-    x: Tensor, n_buckets: int, n_hashes: int = 1, *, generator: torch.Generator | None = None
+    x: Tensor, num_buckets: int, num_hashes: int = 1, *, generator: torch.Generator | None = None
 ) -> Tensor:
     r"""Angular LSH bucket of every vector: :math:`h(x) = \arg\max([xR, -xR])`.
 
-    ``R`` is a random ``(d, n_buckets / 2)`` Gaussian matrix (one per hash round), i.e. a
+    ``R`` is a random ``(d, num_buckets / 2)`` Gaussian matrix (one per hash round), i.e. a
     random rotation followed by a projection. Vectors at a small angle land in the same
     bucket with high probability; the bucket does not depend on the vector's length.
 
     Args:
         x: ``(..., n, d)``.
-        n_buckets: 1 (everything in bucket 0) or an even number.
-        n_hashes: independent hash rounds ``r >= 1``.
-        generator: source of the rotations (drawn on the CPU, so a seeded generator
+        num_buckets: 1 (everything in bucket 0) or an even number.
+        num_hashes: independent hash rounds ``r >= 1``.
+        generator: a CPU ``torch.Generator``, source of the rotations (drawn on the CPU, so a seeded generator
             gives the same buckets on every device). The same seed gives the same
             buckets as :func:`lsh_attention`.
 
     Returns:
-        ``(..., r, n)`` integer buckets in ``[0, n_buckets)``.
+        ``(..., r, n)`` integer buckets in ``[0, num_buckets)``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [2.0, 0.1], [-1.0, 0.0]])
@@ -71,14 +82,20 @@ def lsh_buckets(
         (True, True)
     """
     check_tensor("x", x, floating=True, min_dim=2)
-    n_buckets = _check_n_buckets(n_buckets)
-    n_hashes = check_int("n_hashes", n_hashes, minimum=1)
+    num_buckets = _check_num_buckets(num_buckets)
+    num_hashes = check_size("num_hashes", num_hashes)
+    check_generator(generator, torch.device("cpu"))
+    return _buckets(x, num_buckets, num_hashes, generator)
+
+
+def _buckets(x: Tensor, num_buckets: int, num_hashes: int, generator) -> Tensor:
+    """Unchecked core of :func:`lsh_buckets`."""
     *batch, n, d = x.shape
-    if n_buckets == 1:
-        return torch.zeros(*batch, n_hashes, n, dtype=torch.long, device=x.device)
-    rotations = torch.randn(d, n_hashes, n_buckets // 2, generator=generator)
+    if num_buckets == 1:
+        return torch.zeros(*batch, num_hashes, n, dtype=torch.long, device=x.device)
+    rotations = torch.randn(d, num_hashes, num_buckets // 2, generator=generator)
     rotations = rotations.to(device=x.device, dtype=x.dtype)
-    rotated = torch.einsum("...nd,drk->...rnk", x, rotations)  # (..., r, n, n_buckets/2)
+    rotated = torch.einsum("...nd,drk->...rnk", x, rotations)  # (..., r, n, num_buckets/2)
     return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (..., r, n)
 
 
@@ -90,25 +107,22 @@ def _chunks_with_look_back(x: Tensor, fill: float | int | bool) -> Tensor:
 
 
 def lsh_attention(
-    query_key: Tensor,
-    value: Tensor,
-    *,
-    n_buckets: int,
-    n_hashes: int = 1,
-    chunk_size: int,
-    generator: torch.Generator | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    normalize_keys: bool = False,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False,
+    num_buckets: int, num_hashes: int = 1, chunk_size: int,
+    generator: torch.Generator | None = None, normalize_keys: bool = False,
 ) -> Tensor:
     r"""Reformer's LSH attention with shared queries and keys {cite}`kitaev2020reformer`.
 
+    Pass the same tensor as ``query`` and ``key`` (``lsh_attention(x, x, v, ...)``): the
+    method needs queries and keys to land in the same buckets, so it shares them.
     Exactly what is computed, for each hash round :math:`r`:
 
-    1. Queries and keys are both ``query_key`` (shared QK); with ``normalize_keys`` the
-       keys are normalised to unit length, :math:`k_j = x_j / \lVert x_j \rVert`, as in
-       the Reformer paper. Scores are :math:`q_i \cdot k_j \cdot s`, ``s = scale``
-       (default :math:`1/\sqrt{d}`).
+    1. Queries and keys are both ``x = query``; with ``normalize_keys`` the keys are
+       normalised to unit length, :math:`k_j = x_j / \lVert x_j \rVert`, as in the Reformer
+       paper. Scores are :math:`q_i \cdot k_j \cdot s`, ``s = scale`` (default
+       :math:`1/\sqrt{d}`).
     2. Bucket every position with :func:`lsh_buckets` (argmax over ``[xR, -xR]``).
     3. Sort the positions by bucket, ties by position (so the sort is stable and the
        order inside a bucket is the sequence order).
@@ -119,67 +133,81 @@ def lsh_attention(
     5. A query never attends to its own position, **unless no other key is left** after
        step 4; then it attends to itself alone (weight 1). (Shared QK makes
        :math:`q_i \cdot k_i` the largest score, which would otherwise dominate.)
-    6. Softmax over the remaining keys; unsort the outputs back to sequence order.
+    6. Softmax over the remaining keys; unsort the outputs back to sequence order. A key
+       left out by steps 4-5 never affects the query, whatever its value.
 
     With several rounds the outputs are combined by the share of the softmax mass each
     round found, :math:`o_i = \sum_r \frac{e^{L_{ri}}}{\sum_{r'} e^{L_{r'i}}} o_{ri}` with
     :math:`L_{ri}` the log-sum-exp of query ``i``'s scores in round ``r``. (A key found
     in two rounds is counted twice; the Reformer paper optionally corrects for that.)
 
-    With ``n_buckets=1`` and ``chunk_size >= n`` every query sees every key, so the
+    With ``num_buckets=1`` and ``chunk_size >= n`` every query sees every key, so the
     result is full shared-QK attention with the self position masked (step 5):
     ``scaled_dot_product_attention(x, keys, value, attn_mask=~eye)`` with ``keys = x``
     (or ``x`` normalised).
 
     Args:
-        query_key: ``(..., n, d)`` shared queries/keys.
-        value: ``(..., n, e)``. Leading dims broadcast.
-        n_buckets: 1 or an even number.
-        n_hashes: hash rounds ``r >= 1``.
-        chunk_size: ``C >= 1``.
-        generator: source of the random rotations (see :func:`lsh_buckets`).
+        query: ``(..., h, n, d)`` shared queries/keys.
+        key: the same tensor as ``query``.
+        value: ``(..., h, n, e)``. Leading dims broadcast.
+        attn_mask: must be None (the buckets, not a mask, decide what a query sees).
         is_causal: only keys at positions ``<= i``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
+        enable_gqa: accepted for the contract; shared queries and keys have the same heads,
+            so value must have them too.
+        num_buckets: 1 or an even number.
+        num_hashes: hash rounds ``r >= 1``.
+        chunk_size: ``C >= 1`` (a chunk longer than the sequence is cut to it).
+        generator: a CPU generator, source of the random rotations (see :func:`lsh_buckets`).
         normalize_keys: use unit-length keys (Reformer); default False, plain shared QK.
 
     Returns:
-        ``(..., n, e)``.
+        ``(..., h, n, e)``.
+
+    Example:
+        >>> x, v = torch.randn(6, 4), torch.arange(6.0)[:, None]
+        >>> out = lsh_attention(x, x, v, num_buckets=2, chunk_size=3,
+        ...                     generator=torch.Generator().manual_seed(0))
+        >>> out.shape
+        torch.Size([6, 1])
     """
-    check_tensor("query_key", query_key, floating=True, min_dim=2)
-    check_tensor("value", value, floating=True, min_dim=2)
-    if value.dtype != query_key.dtype:
-        raise TypeError(
-            f"query_key and value must share a dtype, got {query_key.dtype} and {value.dtype}"
-        )
-    if query_key.shape[-2] != value.shape[-2]:
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    if key is not query:
         raise ValueError(
-            "query_key and value must have the same number of positions n, "
-            f"got {query_key.shape[-2]} and {value.shape[-2]}"
+            "lsh_attention shares queries and keys (Reformer): pass the same tensor as query "
+            "and key, e.g. lsh_attention(x, x, value, ...)"
         )
-    n_buckets = _check_n_buckets(n_buckets)
-    n_hashes = check_int("n_hashes", n_hashes, minimum=1)
-    C = check_int("chunk_size", chunk_size, minimum=1)
-    for name, flag in (("is_causal", is_causal), ("normalize_keys", normalize_keys)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    _check_scale(scale)
+    if attn_mask is not None:
+        raise ValueError(
+            "lsh_attention cannot apply an attn_mask: the hash buckets decide which keys a "
+            "query sees (use is_causal for the causal pattern)"
+        )
+    num_buckets = _check_num_buckets(num_buckets)
+    num_hashes = check_size("num_hashes", num_hashes)
+    C = check_size("chunk_size", chunk_size)
+    check_bool("normalize_keys", normalize_keys)
+    check_generator(generator, torch.device("cpu"))
+    if query.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            "query and value must have the same number of positions n, "
+            f"got {query.shape[-2]} and {value.shape[-2]}"
+        )
     batch = broadcast_shapes(
-        "the batch dims of query_key and value",
-        tuple(query_key.shape[:-2]), tuple(value.shape[:-2]),
-    )
-    x = query_key.expand(*batch, *query_key.shape[-2:])
+        "the batch dims of query and value", tuple(query.shape[:-2]), tuple(value.shape[:-2]))
+    x = query.expand(*batch, *query.shape[-2:])
     value = value.expand(*batch, *value.shape[-2:])
     n, d, e = x.shape[-2], x.shape[-1], value.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = default_scale(scale, d)
     if n == 0:
         return x.new_zeros(*batch, 0, e)
+    C = min(C, n)  # a longer chunk holds only padding
 
-    buckets = lsh_buckets(x, n_buckets, n_hashes, generator=generator)  # (..., r, n)
+    buckets = _buckets(x, num_buckets, num_hashes, generator)  # (..., r, n)
     positions = torch.arange(n, device=x.device)
     order = (buckets * n + positions).argsort(dim=-1)  # (..., r, n): by bucket, then position
 
     def sort(t: Tensor) -> Tensor:  # (..., n, f) -> (..., r, n, f) in each round's order
-        t = t.unsqueeze(-3).expand(*batch, n_hashes, n, t.shape[-1])
+        t = t.unsqueeze(-3).expand(*batch, num_hashes, n, t.shape[-1])
         return t.gather(-2, order.unsqueeze(-1).expand(*order.shape, t.shape[-1]))
 
     keys = torch.nn.functional.normalize(x, dim=-1) if normalize_keys else x  # (..., n, d)
@@ -212,7 +240,7 @@ def lsh_attention(
     scores = (q_c @ k_c.transpose(-1, -2)) * scale  # (..., r, c, C, 2C)
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (..., r, c, C)
-    out = torch.exp(scores - lse.unsqueeze(-1)) @ v_c  # (..., r, c, C, e)
+    out = _matmul_skipping(torch.exp(scores - lse.unsqueeze(-1)), v_c, ~mask)  # (..., r, c, C, e)
 
     out = out.flatten(-3, -2)[..., :n, :]  # (..., r, n, e) in sorted order
     lse = lse.flatten(-2, -1)[..., :n]  # (..., r, n)
@@ -233,69 +261,84 @@ def linformer_projection(
     draw is the untrained starting point {cite}`wang2020linformer`.
 
     Args:
-        n: sequence length.
+        n: sequence length ``>= 0``.
         k: projected length ``>= 1``.
-        generator: random source.
+        generator: a CPU ``torch.Generator``, the random source.
+        dtype: a floating dtype.
 
     Returns:
         ``(k, n)`` tensor.
+
+    Example:
+        >>> linformer_projection(10, 3, generator=torch.Generator().manual_seed(0)).shape
+        torch.Size([3, 10])
     """
-    n = check_int("n", n, minimum=1)
-    k = check_int("k", k, minimum=1)
+    n = check_int("n", n, minimum=0)
+    k = check_size("k", k)
+    check_generator(generator, torch.device("cpu"))
+    check_dtype("dtype", dtype, floating=True)
     return torch.randn(k, n, generator=generator, dtype=dtype) / math.sqrt(k)
 
 
 def linformer_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    E: Tensor,
-    F: Tensor,
-    *,
-    scale: float | None = None,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False,
+    scale: float | None = None, enable_gqa: bool = False,
+    key_projection: Tensor, value_projection: Tensor,
 ) -> Tensor:
     r"""Linformer attention :math:`\operatorname{softmax}(Q (E K)^\top s)\,(F V)` {cite}`wang2020linformer`.
 
-    ``E`` and ``F`` project the ``n`` key/value *positions* down to ``k`` rows, so the
-    scores are ``(i, k)``: time and memory :math:`O(n k)` instead of :math:`O(n^2)`. The
-    approximation rests on the attention matrix being close to low rank. With ``k = n``
-    and ``E = F = I`` it is exactly full attention. (No mask: a projection mixes all
-    positions, so a causal or padding mask cannot be applied after it.)
+    ``E = key_projection`` and ``F = value_projection`` project the ``n`` key/value
+    *positions* down to ``k`` rows, so the scores are ``(i, k)``: time and memory
+    :math:`O(n k)` instead of :math:`O(n^2)`. The approximation rests on the attention
+    matrix being close to low rank. With ``k = n`` and ``E = F = I`` it is exactly full
+    attention. (No mask and no causal pattern: a projection mixes all positions, so a
+    causal or padding mask cannot be applied after it; both are refused.)
 
     Args:
-        query: ``(..., i, d)``.
-        key: ``(..., n, d)``.
-        value: ``(..., n, e)``.
-        E: ``(..., k, n)`` key projection (leading dims broadcast, e.g. one per head).
-        F: ``(..., k, n)`` value projection.
+        query: ``(..., h, i, d)``.
+        key: ``(..., h_kv, n, d)``.
+        value: ``(..., h_kv, n, e)``.
+        attn_mask: must be None.
+        is_causal: must be False.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
+        key_projection: ``E``, ``(..., k, n)`` (leading dims broadcast with the key's,
+            e.g. one per head).
+        value_projection: ``F``, ``(..., k, n)``.
 
     Returns:
-        ``(..., i, e)``.
+        ``(..., h, i, e)``.
 
     Example:
         >>> q, k, v = torch.randn(3, 2), torch.randn(4, 2), torch.randn(4, 1)
         >>> I = torch.eye(4)
-        >>> torch.allclose(linformer_attention(q, k, v, I, I),
-        ...                torch.softmax(q @ k.T / 2 ** 0.5, -1) @ v)
+        >>> out = linformer_attention(q, k, v, key_projection=I, value_projection=I)
+        >>> torch.allclose(out, torch.softmax(q @ k.T / 2 ** 0.5, -1) @ v)
         True
     """
-    check_qkv(query, key, value)
-    for name, t in (("E", E), ("F", F)):
-        check_tensor(name, t, floating=True, min_dim=2)
-        if t.dtype != query.dtype:
-            raise TypeError(f"query and {name} must share a dtype, got {query.dtype} and {t.dtype}")
-    n = key.shape[-2]
-    for name, t in (("E", E), ("F", F)):
-        if t.shape[-1] != n:
-            raise ValueError(
-                f"{name} must have shape (k, n) with n = {n} key positions, got {tuple(t.shape)}"
-            )
-    if E.shape[-2] != F.shape[-2]:
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    if attn_mask is not None or is_causal:
         raise ValueError(
-            f"E and F must project to the same k, got {E.shape[-2]} and {F.shape[-2]}"
+            "linformer_attention cannot apply attn_mask or is_causal: its projections mix "
+            "all key positions, so no mask over positions survives them"
         )
-    _check_scale(scale)
+    E, F = key_projection, value_projection
+    for name, t in (("key_projection", E), ("value_projection", F)):
+        check_tensor(name, t, floating=True, min_dim=2, dtype=query.dtype)
+        if t.shape[-1] != key.shape[-2]:
+            raise ValueError(f"{name} must have shape (..., k, n) with n = {key.shape[-2]} key "
+                             f"positions, got {tuple(t.shape)}")
+    if E.shape[-2] != F.shape[-2]:
+        raise ValueError("key_projection and value_projection must project to the same k, "
+                         f"got {E.shape[-2]} and {F.shape[-2]}")
+    check_same_device(query=query, key_projection=E, value_projection=F)
+    broadcast_shapes("the batch dims of key and key_projection", key.shape[:-2], E.shape[:-2])
+    broadcast_shapes("the batch dims of value and value_projection", value.shape[:-2],
+                     F.shape[:-2])
     key_k = E @ key  # (..., k, d)
     value_k = F @ value  # (..., k, e)
-    return scaled_dot_product_attention(query, key_k, value_k, scale=scale)  # (..., i, e)
+    # The projections' batch dims may add heads: check the projected shapes once more.
+    validate_attention(query, key_k, value_k, None, False, scale, enable_gqa)
+    out, _ = _attention(query, key_k, value_k, None, False, scale, enable_gqa)
+    return out  # (..., i, e)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ._checks import check_int
-from .self_attention import _attend, _check_features
+from ._checks import check_bool, check_int
+from .self_attention import _attend, _check_features, _check_options
 
 __all__ = ["CrossAttention"]
 
@@ -56,6 +56,7 @@ class CrossAttention(nn.Module):
         self.d_kv_in = check_int("d_kv_in", d_kv_in, minimum=1)
         self.d_out_kq = check_int("d_out_kq", d_out_kq, minimum=1)
         self.d_out_v = check_int("d_out_v", d_out_v, minimum=1)
+        check_bool("bias", bias)
         self.w_query = nn.Linear(self.d_q_in, self.d_out_kq, bias=bias)
         self.w_key = nn.Linear(self.d_kv_in, self.d_out_kq, bias=bias)
         self.w_value = nn.Linear(self.d_kv_in, self.d_out_v, bias=bias)
@@ -64,9 +65,10 @@ class CrossAttention(nn.Module):
         self,
         x_query: Tensor,
         x_context: Tensor,
+        *,
         attn_mask: Tensor | None = None,
         need_weights: bool = False,
-    ):
+    ) -> tuple[Tensor, Tensor | None]:
         """Attend from every token of ``x_query`` to every token of ``x_context``.
 
         Args:
@@ -77,14 +79,16 @@ class CrossAttention(nn.Module):
                 broadcastable to ``(..., i, j)``; typically the context's padding mask,
                 ``padding_mask(lengths, j)[:, 0]`` of shape ``(b, 1, j)`` (the single-head
                 scores have no heads axis).
-            need_weights: also return the attention weights.
+            need_weights: return the attention weights too.
 
         Returns:
-            ``(..., i, d_out_v)``; with ``need_weights=True`` the pair ``(output, weights)``
-            with weights of shape ``(..., i, j)``: row = query token, column = context token.
+            ``(output, weights)``: output ``(..., i, d_out_v)``; weights ``(..., i, j)``
+            (row = query token, column = context token) with ``need_weights=True``, else
+            ``None``.
         """
         _check_features("x_query", x_query, self.d_q_in, "d_q_in", self.w_query)
         _check_features("x_context", x_context, self.d_kv_in, "d_kv_in", self.w_key)
+        _check_options(x_query, x_context, attn_mask, False, need_weights)
         query = self.w_query(x_query)  # (..., i, d)
         key = self.w_key(x_context)  # (..., j, d)
         value = self.w_value(x_context)  # (..., j, e)

@@ -15,7 +15,8 @@ and one value vector per key/value head), which is what multi-query and grouped-
 attention shrink (:func:`kv_cache_bytes_per_token`).
 
 The buffers are written in place, so the cache is for inference: use it under
-``torch.inference_mode()`` or ``torch.no_grad()``.
+``torch.inference_mode()`` or ``torch.no_grad()``. :meth:`KVCache.update` refuses keys or
+values that carry an autograd graph, rather than failing later in ``backward()``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_tensor
+from ._checks import check_device, check_dtype, check_int, check_tensor
+from .masks import causal_mask
 
-__all__ = ["KVCache", "kv_cache_bytes_per_token"]
+# kv_cache_bytes_per_token is imported from this module (chapter 06 does).
+__all__ = ["KVCache"]
 
 
 class KVCache:
@@ -64,9 +67,8 @@ class KVCache:
         self.max_len = check_int("max_len", max_len, minimum=1)
         self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
         self.head_dim = check_int("head_dim", head_dim, minimum=1)
-        dtype = torch.get_default_dtype() if dtype is None else dtype
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+        dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype, floating=True)
+        device = check_device("device", device)
         shape = (self.batch_size, self.num_kv_heads, self.max_len, self.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d)
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d)
@@ -91,8 +93,45 @@ class KVCache:
         return self.keys.nbytes + self.values.nbytes
 
     def reset(self) -> None:
-        """Forget every stored position (the buffers are kept and overwritten later)."""
+        """Forget every stored position (the buffers are kept and overwritten later).
+
+        The batch size, capacity, heads, dtype and device stay those of the cache; for
+        others build a new one (``KVCache(...)`` or ``MultiHeadAttention.new_cache``).
+        """
         self.length = 0
+
+    def _check_update(self, batch_size: int, num_new: int, num_kv_heads: int, head_dim: int,
+                      dtype: torch.dtype, device: torch.device, requires_grad: bool) -> None:
+        """The rules of :meth:`update`, on the shapes alone (MultiHeadAttention checks a call
+        before projecting anything)."""
+        if batch_size != self.batch_size:
+            raise ValueError(
+                f"the cache was built for batch size {self.batch_size}, got a batch of "
+                f"{batch_size}; a cache keeps its batch size: create a new one for this batch"
+            )
+        if num_kv_heads != self.num_kv_heads or head_dim != self.head_dim:
+            raise ValueError(
+                f"the cache holds {self.num_kv_heads} key/value heads of size {self.head_dim}, "
+                f"got {num_kv_heads} heads of size {head_dim}"
+            )
+        if num_new > self.remaining:
+            raise ValueError(
+                f"the cache holds at most max_len={self.max_len} positions: {self.length} are "
+                f"stored and {num_new} more do not fit"
+            )
+        if dtype != self.dtype:
+            raise TypeError(f"the cache stores {self.dtype}, got keys and values of {dtype}")
+        if device != self.device:
+            raise ValueError(
+                f"the cache and the new keys must be on the same device, got {self.device} "
+                f"and {device}"
+            )
+        if requires_grad:
+            raise ValueError(
+                "the cache writes its buffers in place, which autograd cannot differentiate "
+                "through; got keys or values that require grad: decode under "
+                "torch.inference_mode() or torch.no_grad() (or pass detached tensors)"
+            )
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``n`` new positions and return the keys and values of all positions so far.
@@ -105,6 +144,12 @@ class KVCache:
         Returns:
             ``(keys, values)``, each ``(b, h_kv, length, d)`` with ``length`` counting the
             new positions: views into the buffers, valid until the next update.
+
+        Raises:
+            ValueError: for a batch size, head count or size other than the cache's, more
+                positions than fit, another device, or keys/values that require grad
+                while autograd is on.
+            TypeError: for non-tensors or another dtype.
         """
         for name, t in (("key", key), ("value", value)):
             check_tensor(name, t, floating=True)
@@ -115,31 +160,51 @@ class KVCache:
                 f"key and value must have the same shape, got {tuple(key.shape)} and "
                 f"{tuple(value.shape)}"
             )
-        b, h_kv, n, d = key.shape
-        if b != self.batch_size:
-            raise ValueError(
-                f"the cache was built for batch size {self.batch_size}, got a batch of {b}; "
-                "start a new cache (or reset() it) for a different batch"
-            )
-        if h_kv != self.num_kv_heads or d != self.head_dim:
-            raise ValueError(
-                f"the cache holds {self.num_kv_heads} key/value heads of size {self.head_dim}, "
-                f"got {h_kv} heads of size {d}"
-            )
-        if n > self.remaining:
-            raise ValueError(
-                f"the cache holds at most max_len={self.max_len} positions: {self.length} are "
-                f"stored and {n} more do not fit"
-            )
-        if key.dtype != self.dtype or value.dtype != self.dtype:
+        if key.dtype != value.dtype or key.device != value.device:
             raise TypeError(
-                f"the cache stores {self.dtype}, got key {key.dtype} and value {value.dtype}"
+                f"key and value must share a dtype and device, got {key.dtype} on {key.device} "
+                f"and {value.dtype} on {value.device}"
             )
-        start, stop = self.length, self.length + n
+        grad = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)
+        b, h_kv, n, d = key.shape
+        self._check_update(b, n, h_kv, d, key.dtype, key.device, grad)
+        return self._append(key, value)
+
+    def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Unchecked core of :meth:`update`."""
+        start, stop = self.length, self.length + key.shape[2]
         self.keys[:, :, start:stop] = key
         self.values[:, :, start:stop] = value
         self.length = stop
         return self.keys[:, :, :stop], self.values[:, :, :stop]  # (b, h_kv, length, d)
+
+    def causal_pattern(self, num_new: int) -> tuple[Tensor | None, bool]:
+        """``(attn_mask, is_causal)`` for the ``num_new`` newest positions after an update.
+
+        The new queries are the last ``num_new`` positions: each sees every earlier cached
+        key and the new keys up to itself, a causal mask aligned bottom-right
+        (``causal_mask(num_new, length, align="bottom-right")``). Returned in the cheapest
+        form for ``scaled_dot_product_attention``: ``is_causal=True`` when nothing was
+        cached before (the square, top-left case), no mask at all for a single new query
+        (it sees everything), else the mask.
+
+        Example:
+            >>> cache = KVCache(1, 8, num_kv_heads=1, head_dim=2)
+            >>> _ = cache.update(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2))
+            >>> mask, is_causal = cache.causal_pattern(2)
+            >>> mask.int().tolist(), is_causal
+            ([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], False)
+        """
+        num_new = check_int("num_new", num_new, minimum=0)
+        if num_new > self.length:
+            raise ValueError(
+                f"num_new must be <= the stored length {self.length}, got {num_new}"
+            )
+        if num_new == self.length:
+            return None, True
+        if num_new == 1:
+            return None, False
+        return causal_mask(num_new, self.length, align="bottom-right", device=self.device), False
 
     def __repr__(self) -> str:
         return (
@@ -175,6 +240,5 @@ def kv_cache_bytes_per_token(
     num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
     head_dim = check_int("head_dim", head_dim, minimum=1)
     num_layers = check_int("num_layers", num_layers, minimum=1)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    check_dtype("dtype", dtype)
     return 2 * num_kv_heads * head_dim * dtype.itemsize * num_layers

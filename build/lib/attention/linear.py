@@ -28,187 +28,89 @@ the ``(i, j)`` matrix. The causal form is computed in chunks as in Lightning Att
 :math:`S = \sum \varphi(k_j) v_j^\top` between chunks. Token by token it is an RNN
 (:func:`linear_attention_step`).
 
-There is no mask argument: the only pattern is ``is_causal`` (top-left, as in
-``torch.nn.functional.scaled_dot_product_attention``: query ``q`` sees keys ``k <= q``).
+The sequence functions take the package's attention contract, ``(query, key, value, *,
+attn_mask=None, is_causal=False, scale=None, enable_gqa=False, ...)``, and refuse what
+linear attention cannot do: an ``attn_mask`` (the associativity that makes it linear sums
+over all keys, or all earlier ones, without looking at pairs) and a ``scale`` (the feature
+map alone sets the similarity; scale the queries first, or pass ``scale`` to
+:func:`random_feature_map`). The only pattern is ``is_causal``, top-left as in
+``torch.nn.functional.scaled_dot_product_attention``: query ``q`` sees keys ``k <= q``.
+
+The feature maps live in :mod:`attention.feature_maps`; ``linear_attention_naive`` (the
+quadratic reference) is importable from ``attention.linear``.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
-from .masks import causal_mask
+from ._checks import (
+    broadcast_shapes,
+    check_real,
+    check_same_device,
+    check_same_dtype,
+    check_size,
+    check_tensor,
+    validate_attention,
+    validate_weights,
+)
+from ._core import expand_kv_heads, top_left_causal
+from .feature_maps import FeatureMap, _RandomFeatures, elu_feature_map, relu_feature_map
+from .sparse import _matmul_skipping
 
-__all__ = [
-    "elu_feature_map",
-    "relu_feature_map",
-    "random_feature_map",
-    "performer_feature_map",
-    "linear_attention",
-    "linear_attention_naive",
-    "linear_attention_weights",
-    "linear_attention_step",
-]
-
-FeatureMap = Callable[[Tensor], Tensor]
-
-
-# --------------------------------------------------------------------------- feature maps
-
-
-def elu_feature_map(x: Tensor) -> Tensor:
-    r""":math:`\varphi(x) = \operatorname{elu}(x) + 1`, positive everywhere (the default).
-
-    Used by :cite:`katharopoulos2020transformers`: it is :math:`x + 1` for :math:`x > 0`
-    and :math:`e^x` for :math:`x \le 0`, so it never reaches zero and the normaliser is
-    always positive.
-
-    Args:
-        x: ``(..., d)``.
-
-    Returns:
-        ``(..., d)`` (here ``f = d``).
-
-    Example:
-        >>> elu_feature_map(torch.tensor([-1.0, 0.0, 2.0]))
-        tensor([0.3679, 1.0000, 3.0000])
-    """
-    return F.elu(x).add_(1.0)  # in place is safe: elu's backward uses its input
-
-
-def relu_feature_map(x: Tensor) -> Tensor:
-    r""":math:`\varphi(x) = \max(x, 0)`: non-negative, but a query or key can map to zero.
-
-    Args:
-        x: ``(..., d)``.
-
-    Returns:
-        ``(..., d)`` (here ``f = d``).
-    """
-    return F.relu(x)
-
-
-class _RandomFeatures:
-    """Positive random features for the softmax kernel (FAVOR+); see :func:`random_feature_map`."""
-
-    def __init__(self, projection: Tensor, scale: float):
-        self.projection = projection  # (d, f)
-        self.scale = scale
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if x.shape[-1] != self.projection.shape[0]:
-            raise ValueError(
-                f"this random feature map was drawn for inputs of size d = "
-                f"{self.projection.shape[0]}, got {x.shape[-1]}"
-            )
-        w = self.projection.to(dtype=x.dtype, device=x.device)
-        x = x * self.scale
-        f = w.shape[-1]
-        # exp(w . x - |x|^2 / 2) / sqrt(f): positive, and E[phi(q) . phi(k)] = exp(q . k).
-        return torch.exp(x @ w - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(f)
-
-    def __repr__(self) -> str:
-        d, f = self.projection.shape
-        return f"random_feature_map(d={d}, num_features={f}, scale={self.scale:.4g})"
-
-
-def random_feature_map(
-    dim: int,
-    num_features: int,
-    *,
-    generator: torch.Generator | None = None,
-    orthogonal: bool = True,
-    scale: float | None = None,
-    dtype: torch.dtype = torch.float64,
-) -> FeatureMap:
-    r"""Performer's positive random features for the softmax kernel :cite:`choromanski2021rethinking`.
-
-    Draws ``w_1 ... w_f ~ N(0, I_d)`` once (orthogonal blocks if ``orthogonal``) and
-    returns the feature map
-
-    .. math:: \varphi(x) = \frac{1}{\sqrt f}\, \exp\!\big(w^\top x' - \tfrac12 \lVert x' \rVert^2\big),
-              \quad x' = s\,x,
-
-    for which :math:`\mathbb E[\varphi(q)\cdot\varphi(k)] = \exp(s^2\, q\cdot k)`. With the
-    default :math:`s = d^{-1/4}` that is the softmax attention kernel
-    :math:`\exp(q \cdot k / \sqrt d)`, so linear attention with this map approximates
-    softmax attention, better as ``num_features`` grows.
-
-    Args:
-        dim: the input size ``d``.
-        num_features: the output size ``f``.
-        generator: a ``torch.Generator`` for reproducible draws.
-        orthogonal: draw the ``w`` in orthogonal blocks (lower variance), each row rescaled
-            to a chi-distributed norm as in the paper.
-        scale: ``s`` above; default ``dim ** -0.25``.
-        dtype: dtype of the stored projection (cast to the input's dtype when applied).
-
-    Returns:
-        A callable ``phi`` mapping ``(..., d)`` to ``(..., f)``; ``phi.projection`` is the
-        ``(d, f)`` matrix of the ``w``.
-
-    Example:
-        >>> phi = random_feature_map(4, 8, generator=torch.Generator().manual_seed(0))
-        >>> phi(torch.zeros(3, 4)).shape
-        torch.Size([3, 8])
-    """
-    dim = check_int("dim", dim, minimum=1)
-    num_features = check_int("num_features", num_features, minimum=1)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if scale is None:
-        scale = dim**-0.25
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if orthogonal:
-        blocks = []
-        for _ in range(math.ceil(num_features / dim)):
-            g = torch.randn(dim, dim, generator=generator, dtype=dtype)
-            q, r = torch.linalg.qr(g)  # (d, d) orthonormal columns
-            # Fix the signs so the directions are uniformly distributed (Haar).
-            blocks.append(q * torch.sign(torch.diagonal(r)))
-        w = torch.cat(blocks, dim=1)[:, :num_features]  # (d, f)
-        norms = torch.randn(dim, num_features, generator=generator, dtype=dtype).norm(dim=0)
-        w = w * norms  # each column gets the norm of a Gaussian vector
-    else:
-        w = torch.randn(dim, num_features, generator=generator, dtype=dtype)  # (d, f)
-    return _RandomFeatures(w, float(scale))
-
-
-performer_feature_map = random_feature_map
+__all__ = ["linear_attention", "linear_attention_weights", "linear_attention_step"]
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def _check_common(feature_map, eps) -> FeatureMap:
+def _check_options(feature_map, eps) -> tuple[FeatureMap, float]:
     if feature_map is None:
         feature_map = elu_feature_map
     if not callable(feature_map):
         raise TypeError(f"feature_map must be callable or None, got {type(feature_map).__name__}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    eps = check_real("eps", eps)
     if not eps >= 0.0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    return feature_map
+    return feature_map, eps
 
 
-def _validate(query, key, value, is_causal, feature_map, eps, chunk_size=None) -> FeatureMap:
-    """The boundary checks of the public sequence functions; returns the feature map."""
-    check_qkv(query, key, value)
-    shapes = [query.shape[:-2], key.shape[:-2]] + ([value.shape[:-2]] if value is not None else [])
-    broadcast_shapes("the batch dims of query, key and value", *shapes)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if chunk_size is not None:
-        check_int("chunk_size", chunk_size, minimum=1)
-    return _check_common(feature_map, eps)
+def _refuse_mask_and_scale(function: str, attn_mask, scale) -> None:
+    """Linear attention has neither: say so instead of ignoring them."""
+    if attn_mask is not None:
+        raise ValueError(
+            f"{function} cannot apply an attn_mask: its sums run over all keys (or, with "
+            "is_causal=True, all earlier ones) without forming the (i, j) pairs a mask "
+            "selects; use is_causal, or linear_attention_weights for the pairs"
+        )
+    if scale is not None:
+        raise ValueError(
+            f"{function} has no scale: the feature map alone sets the similarity; scale the "
+            f"queries before the call, or draw random_feature_map(..., scale=s), got {scale}"
+        )
+
+
+def _validate(function: str, query, key, value, attn_mask, is_causal, scale, enable_gqa,
+              feature_map, eps, *, weights_only: bool = False) -> tuple[FeatureMap, float]:
+    """The boundary checks of the sequence functions; returns the feature map and eps to use."""
+    if weights_only:
+        validate_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
+    else:
+        validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    _refuse_mask_and_scale(function, attn_mask, scale)
+    return _check_options(feature_map, eps)
+
+
+def _group_heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: bool):
+    """With ``enable_gqa``, repeat each key/value head for its group of query heads."""
+    if not enable_gqa:
+        return key, value
+    h = query.shape[-3]
+    return expand_kv_heads(key, h), (None if value is None else expand_kv_heads(value, h))
 
 
 def _features(feature_map: FeatureMap, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
@@ -244,7 +146,7 @@ def _known_non_negative(feature_map) -> bool:
 
 def _expand_batch(*tensors: Tensor) -> list[Tensor]:
     """Broadcast the leading (batch) dims of ``(..., n, x)`` tensors against each other."""
-    batch = torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
+    batch = broadcast_shapes("the batch dims", *(t.shape[:-2] for t in tensors))
     return [t.expand(*batch, *t.shape[-2:]) for t in tensors]
 
 
@@ -252,14 +154,11 @@ def _expand_batch(*tensors: Tensor) -> list[Tensor]:
 
 
 def linear_attention_weights(
-    query: Tensor,
-    key: Tensor,
-    *,
-    is_causal: bool = False,
-    feature_map: FeatureMap | None = None,
-    eps: float = 1e-6,
+    query: Tensor, key: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None, eps: float = 1e-6,
 ) -> Tensor:
-    r"""The ``(..., i, j)`` weights of linear attention, built explicitly (for plots and tests).
+    r"""The ``(..., h, i, j)`` weights of linear attention, built explicitly (for plots and tests).
 
     .. math:: A_{ij} = \frac{\varphi(q_i)\cdot\varphi(k_j)}{\sum_{j'} \varphi(q_i)\cdot\varphi(k_{j'}) + \varepsilon}
 
@@ -267,57 +166,60 @@ def linear_attention_weights(
     the ``eps`` in the denominator.
 
     Args:
-        query: ``(..., i, d)``.
-        key: ``(..., j, d)``.
+        query: ``(..., h, i, d)``.
+        key: ``(..., h_kv, j, d)``.
+        attn_mask: must be None (see the module docstring).
         is_causal: top-left causal pattern, query ``q`` sees keys ``k <= q``.
-        feature_map: non-negative map ``(..., d) -> (..., f)``; default
-            :func:`elu_feature_map`.
-        eps: added to the denominator.
+        scale: must be None.
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
+        feature_map, eps: as in :func:`linear_attention`.
 
     Returns:
-        ``(..., i, j)`` non-negative weights.
+        ``(..., h, i, j)`` non-negative weights.
+
+    Example:
+        >>> w = linear_attention_weights(torch.zeros(3, 2), torch.zeros(3, 2), is_causal=True)
+        >>> [round(x, 4) for x in w[2].tolist()]  # equal features: the mean of the seen keys
+        [0.3333, 0.3333, 0.3333]
     """
-    feature_map = _validate(query, key, None, is_causal, feature_map, eps)
+    feature_map, eps = _validate("linear_attention_weights", query, key, None, attn_mask, is_causal,
+                            scale, enable_gqa, feature_map, eps, weights_only=True)
+    key, _ = _group_heads(query, key, None, enable_gqa)
     return _naive_weights(*_features(feature_map, query, key), is_causal, eps)
 
 
 def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float) -> Tensor:
     scores = phi_q @ phi_k.transpose(-2, -1)  # (..., i, j)
     if is_causal:
-        visible = causal_mask(phi_q.shape[-2], phi_k.shape[-2], device=phi_q.device)
+        visible = top_left_causal(phi_q.shape[-2], phi_k.shape[-2], device=phi_q.device)
         scores = scores.masked_fill(~visible, 0.0)
     return scores / (scores.sum(dim=-1, keepdim=True) + eps)  # (..., i, j)
 
 
 def linear_attention_naive(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    is_causal: bool = False,
-    feature_map: FeatureMap | None = None,
-    eps: float = 1e-6,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None, eps: float = 1e-6,
 ) -> Tensor:
     r"""Linear attention the quadratic way: build the weights, then multiply the values.
 
     The reference :func:`linear_attention` is tested against; costs :math:`O(i\,j\,(f+e))`
-    time and :math:`O(i\,j)` memory.
-
-    Args:
-        query: ``(..., i, d)``.
-        key: ``(..., j, d)``.
-        value: ``(..., j, e)``.
-        is_causal: top-left causal pattern, query ``q`` sees keys ``k <= q``.
-        feature_map: non-negative map ``(..., d) -> (..., f)``; default
-            :func:`elu_feature_map`.
-        eps: added to the denominator (see the module docstring).
+    time and :math:`O(i\,j)` memory. Arguments as :func:`linear_attention`.
 
     Returns:
-        ``(..., i, e)``.
+        ``(..., h, i, e)``.
+
+    Example:
+        >>> q, k, v = torch.zeros(3, 2), torch.zeros(3, 2), torch.arange(3.0)[:, None]
+        >>> [round(x, 4) for x in linear_attention_naive(q, k, v).flatten().tolist()]
+        [1.0, 1.0, 1.0]
     """
-    feature_map = _validate(query, key, value, is_causal, feature_map, eps)
+    feature_map, eps = _validate("linear_attention_naive", query, key, value, attn_mask, is_causal,
+                            scale, enable_gqa, feature_map, eps)
+    key, value = _group_heads(query, key, value, enable_gqa)
     weights = _naive_weights(*_features(feature_map, query, key), is_causal, eps)
-    return weights @ value  # (..., i, e)
+    future = ~top_left_causal(query.shape[-2], key.shape[-2], query.device) if is_causal else None
+    return _matmul_skipping(weights, value, future)  # (..., i, e)
 
 
 # --------------------------------------------------------------------------- fast forms
@@ -361,7 +263,7 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
     # Inside a chunk: the quadratic form with the causal (lower-triangular) pattern.
     future = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).triu_(1)  # (c, c)
     scores = (qc @ kc.transpose(-2, -1)).masked_fill_(future, 0.0)  # (..., n, c, c)
-    num = scores @ vc  # (..., n, c, e + 1)
+    num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
 
     # Between chunks: chunk m adds phi(Q_m) S_m, where the state S_m is the sum of the chunk
     # states phi(K_l)^T [V_l, 1] of the earlier chunks l < m: a cumulative sum shifted by
@@ -371,18 +273,13 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
     num = num.add_(qc @ state)  # (..., n, c, e + 1)
 
     num = num.reshape(*batch, length, e + 1)[..., :i, :]  # (..., i, e + 1)
-    return num[..., :e] * (num[..., e:] + eps).reciprocal()  # (..., i, e)
+    return num[..., :e] / (num[..., e:] + eps)  # (..., i, e)
 
 
 def linear_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    is_causal: bool = False,
-    feature_map: FeatureMap | None = None,
-    chunk_size: int = 64,
-    eps: float = 1e-6,
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None, chunk_size: int = 64, eps: float = 1e-6,
 ) -> Tensor:
     r"""Linear attention in linear time: :math:`o_i = \varphi(q_i)^\top S / (\varphi(q_i)^\top z + \varepsilon)`.
 
@@ -396,20 +293,25 @@ def linear_attention(
     :math:`\varphi(q_i)^\top S_{<n}` where :math:`S_{<n}` is the sum of the chunk states
     :math:`\varphi(K_m)^\top V_m` of earlier chunks, an exclusive cumulative sum. All chunks
     are processed at once with batched matmuls: :math:`O(N c (f + e) + N f e)` time.
-    Any ``N`` and ``chunk_size`` work (the last chunk is zero-padded).
+    Any ``N`` and ``chunk_size`` work (the last chunk is zero-padded; a chunk longer than
+    the sequence is cut to it).
 
     Args:
-        query: ``(..., i, d)``.
-        key: ``(..., j, d)``.
-        value: ``(..., j, e)``.
+        query: ``(..., h, i, d)``; key ``(..., h_kv, j, d)``; value ``(..., h_kv, j, e)``;
+            their leading dims broadcast.
+        attn_mask: must be None: linear attention cannot apply a mask (module docstring).
         is_causal: top-left causal pattern.
+        scale: must be None: the feature map sets the similarity.
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
         feature_map: non-negative map ``(..., d) -> (..., f)``; default
             :func:`elu_feature_map`. A negative output raises ``ValueError``.
         chunk_size: positions per chunk in the causal form (``>= 1``).
-        eps: added to the denominator :math:`\varphi(q_i)^\top z` (see the module docstring).
+        eps: added to the denominator :math:`\varphi(q_i)^\top z` (see the module
+            docstring), ``>= 0``. It keeps a query whose normaliser is zero (``j = 0``,
+            ``d = 0``, or a ``relu`` map) at a zero output instead of NaN.
 
     Returns:
-        ``(..., i, e)``, equal to :func:`linear_attention_naive` up to rounding.
+        ``(..., h, i, e)``, equal to :func:`linear_attention_naive` up to rounding.
 
     Example:
         >>> q, k, v = torch.randn(5, 3), torch.randn(5, 3), torch.randn(5, 2)
@@ -417,17 +319,21 @@ def linear_attention(
         >>> torch.allclose(a, linear_attention_naive(q, k, v, is_causal=True), atol=1e-5)
         True
     """
-    feature_map = _validate(query, key, value, is_causal, feature_map, eps, chunk_size)
+    feature_map, eps = _validate("linear_attention", query, key, value, attn_mask, is_causal, scale,
+                            enable_gqa, feature_map, eps)
+    chunk_size = check_size("chunk_size", chunk_size)
+    key, value = _group_heads(query, key, value, enable_gqa)
     phi_q, phi_k = _features(feature_map, query, key)
     if not is_causal:
         return _noncausal(phi_q, phi_k, value, eps)
-    return _causal_chunked(phi_q, phi_k, value, chunk_size, eps)
+    # A chunk longer than the queries holds only padding past them: cut it.
+    return _causal_chunked(phi_q, phi_k, value, min(chunk_size, max(1, query.shape[-2])), eps)
 
 
 def linear_attention_step(
-    q_t: Tensor,
-    k_t: Tensor,
-    v_t: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
     state: tuple[Tensor, Tensor] | None = None,
     *,
     feature_map: FeatureMap | None = None,
@@ -441,18 +347,18 @@ def linear_attention_step(
         o_t = \frac{\varphi(q_t)^\top S_t}{\varphi(q_t)^\top z_t + \varepsilon}.
 
     Feeding tokens ``0, 1, ...`` one at a time gives the rows of
-    ``linear_attention(..., is_causal=True)``.
+    ``linear_attention(..., is_causal=True)``. Always returns the pair ``(output, state)``.
 
     Args:
-        q_t: ``(..., d)`` the current query (every leading dim is a batch dim, so
+        query: ``(..., d)`` the current query ``q_t`` (every leading dim is a batch dim, so
             ``(b, h, d)`` and ``(b, h, 1, d)`` both work).
-        k_t: ``(..., d)``.
-        v_t: ``(..., e)``.
+        key: ``(..., d)``, the current key ``k_t``.
+        value: ``(..., e)``, the current value ``v_t``.
         state: ``(S, z)`` from the previous step, ``S`` of shape ``(..., f, e)`` and ``z`` of
             shape ``(..., f)``; ``None`` for the first token (zero state).
         feature_map: non-negative map ``(..., d) -> (..., f)``; default
             :func:`elu_feature_map`.
-        eps: added to the denominator.
+        eps: added to the denominator, ``>= 0``.
 
     Returns:
         ``(o_t, (S_t, z_t))`` with ``o_t`` of shape ``(..., e)``.
@@ -462,32 +368,37 @@ def linear_attention_step(
         >>> S.shape, z.shape, out.shape
         (torch.Size([2, 3]), torch.Size([2]), torch.Size([3]))
     """
-    for name, t in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+    for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, t, floating=True, min_dim=1)
-        if t.dtype != q_t.dtype:
-            raise TypeError(f"q_t and {name} must share a dtype, got {q_t.dtype} and {t.dtype}")
-    if q_t.shape[-1] != k_t.shape[-1]:
+    check_same_dtype(query=query, key=key, value=value)
+    check_same_device(query=query, key=key, value=value)
+    if query.shape[-1] != key.shape[-1]:
         raise ValueError(
-            "q_t and k_t must share their last dimension d, "
-            f"got {q_t.shape[-1]} and {k_t.shape[-1]}"
+            "query and key must share their last dimension d, "
+            f"got {query.shape[-1]} and {key.shape[-1]}"
         )
-    broadcast_shapes("the batch dims of q_t, k_t and v_t", q_t.shape[:-1], k_t.shape[:-1], v_t.shape[:-1])
-    feature_map = _check_common(feature_map, eps)
-    phi_q, phi_k = _features(feature_map, q_t.unsqueeze(-2), k_t.unsqueeze(-2))
+    broadcast_shapes("the batch dims of query, key and value",
+                     query.shape[:-1], key.shape[:-1], value.shape[:-1])
+    if state is not None:
+        if not (isinstance(state, tuple | list) and len(state) == 2):
+            raise TypeError("state must be None or the pair (S, z) returned by the previous step")
+        check_tensor("S", state[0], floating=True, min_dim=2)
+        check_tensor("z", state[1], floating=True, min_dim=1)
+        check_same_dtype(query=query, S=state[0], z=state[1])
+        check_same_device(query=query, S=state[0], z=state[1])
+    feature_map, eps = _check_options(feature_map, eps)
+
+    phi_q, phi_k = _features(feature_map, query.unsqueeze(-2), key.unsqueeze(-2))
     phi_q, phi_k = phi_q.squeeze(-2), phi_k.squeeze(-2)  # (..., f)
-    update = phi_k.unsqueeze(-1) * v_t.unsqueeze(-2)  # (..., f, e) = phi(k_t) v_t^T
+    update = phi_k.unsqueeze(-1) * value.unsqueeze(-2)  # (..., f, e) = phi(k_t) v_t^T
     if state is None:
         S, z = update, phi_k
     else:
-        if not (isinstance(state, tuple | list) and len(state) == 2):
-            raise TypeError("state must be None or the pair (S, z) returned by the previous step")
         S_prev, z_prev = state
-        check_tensor("S", S_prev, floating=True, min_dim=2)
-        check_tensor("z", z_prev, floating=True, min_dim=1)
         if S_prev.shape[-2:] != update.shape[-2:] or z_prev.shape[-1] != phi_k.shape[-1]:
             raise ValueError(
                 f"state must have S of shape (..., f, e) = (..., {phi_k.shape[-1]}, "
-                f"{v_t.shape[-1]}) and z of shape (..., {phi_k.shape[-1]}), got "
+                f"{value.shape[-1]}) and z of shape (..., {phi_k.shape[-1]}), got "
                 f"{tuple(S_prev.shape)} and {tuple(z_prev.shape)}"
             )
         S, z = S_prev + update, z_prev + phi_k

@@ -13,23 +13,40 @@ The production formulation (Vaswani et al., 2017): one projection per role,
 the keys and values have fewer heads, each shared by a group of ``h / h_kv`` query heads:
 grouped-query attention (GQA; Ainslie et al., 2023), or multi-query attention (MQA;
 Shazeer, 2019) for ``h_kv = 1``. The KV cache for incremental decoding is in
-:mod:`attention.kv_cache`.
+:mod:`attention.kv_cache`. With ``rope=True`` the queries and keys of every head are
+rotated by their positions (rotary position embedding, chapter 07) after the split into
+heads and before the scores, as in Llama-style models.
 """
 
 from __future__ import annotations
-
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int, check_mask, check_tensor
+from ._checks import (
+    check_bool,
+    check_device,
+    check_dtype,
+    check_int,
+    check_like,
+    check_mask,
+    check_mask_or_causal,
+    check_probability,
+    check_tensor,
+)
 from .kv_cache import KVCache
-from .masks import decoding_mask
-from .scaled_dot_product import attention_weights
+from .positional import _apply_rope, _check_base, _check_positions
+from .scaled_dot_product import _attention
 
-__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv"]
+# split_heads and merge_heads are imported from this module by chapters 06 and 15.
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+
+
+def _split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Unchecked core of :func:`split_heads`."""
+    b, length, features = x.shape
+    return x.reshape(b, length, num_heads, features // num_heads).transpose(1, 2)  # (b, h, L, d)
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -47,12 +64,11 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     num_heads = check_int("num_heads", num_heads, minimum=1)
     if x.dim() != 3:
         raise ValueError(f"x must have shape (b, L, h*d), got {tuple(x.shape)}")
-    b, length, features = x.shape
-    if features % num_heads:
+    if x.shape[-1] % num_heads:
         raise ValueError(
-            f"the feature size must be divisible by num_heads, got {features} and {num_heads}"
+            f"the feature size must be divisible by num_heads, got {x.shape[-1]} and {num_heads}"
         )
-    return x.reshape(b, length, num_heads, features // num_heads).transpose(1, 2)  # (b, h, L, d)
+    return _split_heads(x, num_heads)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -66,30 +82,7 @@ def merge_heads(x: Tensor) -> Tensor:
     check_tensor("x", x)
     if x.dim() != 4:
         raise ValueError(f"x must have shape (b, h, L, d), got {tuple(x.shape)}")
-    b, h, length, d = x.shape
-    return x.transpose(1, 2).reshape(b, length, h * d)  # (b, L, h*d)
-
-
-def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """Repeat each key/value head for its group of query heads: ``(b, h_kv, L, d) -> (b, h_kv*n_rep, L, d)``.
-
-    Head ``g`` is repeated ``n_rep`` times in a row, as ``x.repeat_interleave(n_rep, dim=1)``
-    does, so query heads ``g*n_rep ... g*n_rep + n_rep - 1`` share key/value head ``g``.
-    Implemented as an ``expand`` (no copy) followed by one reshape.
-
-    Example:
-        >>> repeat_kv(torch.tensor([0.0, 1.0]).reshape(1, 2, 1, 1), 2).flatten().tolist()
-        [0.0, 0.0, 1.0, 1.0]
-    """
-    check_tensor("x", x)
-    n_rep = check_int("n_rep", n_rep, minimum=1)
-    if x.dim() != 4:
-        raise ValueError(f"x must have shape (b, h_kv, L, d), got {tuple(x.shape)}")
-    if n_rep == 1:
-        return x
-    b, h_kv, length, d = x.shape
-    x = x[:, :, None].expand(b, h_kv, n_rep, length, d)  # (b, h_kv, n_rep, L, d)
-    return x.reshape(b, h_kv * n_rep, length, d)  # (b, h, L, d)
+    return x.transpose(1, 2).flatten(2)  # (b, L, h*d)
 
 
 class MultiHeadAttention(nn.Module):
@@ -116,6 +109,12 @@ class MultiHeadAttention(nn.Module):
         batch_first: accepted for symmetry with ``nn.MultiheadAttention``; inputs are
             always ``(b, L, features)``, so only ``True`` is allowed.
         device, dtype: where and in which dtype to create the parameters.
+        rope: rotate the queries and keys of each head by their positions (RoPE,
+            :func:`attention.apply_rope`) before the scores; self-attention only, and the
+            head size must be even.
+        rope_base: RoPE's base (10000 in Llama 2, 500000 in Llama 3).
+        rope_interleaved: RoPE's feature pairs: False pairs ``k`` with ``k + d/2``
+            (Hugging Face's Llama layout), True pairs ``(2k, 2k+1)`` (Meta's layout).
 
     Submodules (``nn.Linear``): ``w_query`` (embed_dim -> embed_dim), ``w_key``
     (kdim -> h_kv*d), ``w_value`` (vdim -> h_kv*d), ``w_out`` (embed_dim -> embed_dim).
@@ -151,6 +150,9 @@ class MultiHeadAttention(nn.Module):
         batch_first: bool = True,
         device=None,
         dtype: torch.dtype | None = None,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        rope_interleaved: bool = False,
     ) -> None:
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -171,17 +173,23 @@ class MultiHeadAttention(nn.Module):
                 "num_heads must be divisible by num_kv_heads (each key/value head serves a "
                 f"group of query heads), got {num_heads} and {num_kv_heads}"
             )
-        if batch_first is not True:
+        if check_bool("batch_first", batch_first) is not True:
             raise ValueError(
                 "MultiHeadAttention takes batch-first inputs (b, L, features) only, got "
-                f"batch_first={batch_first!r}; transpose sequence-first inputs with .transpose(0, 1)"
+                "batch_first=False; transpose sequence-first inputs with .transpose(0, 1)"
             )
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-            raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        check_bool("bias", bias)
+        dropout = check_probability("dropout", dropout, closed=True)
+        device = check_device("device", device)
+        dtype = None if dtype is None else check_dtype("dtype", dtype, floating=True)
+        self.rope = check_bool("rope", rope)
+        self.rope_base = _check_base(rope_base)
+        self.rope_interleaved = check_bool("rope_interleaved", rope_interleaved)
+        if rope and (embed_dim // num_heads) % 2:
+            raise ValueError(
+                "rope=True rotates feature pairs, so the head size embed_dim // num_heads "
+                f"must be even, got {embed_dim // num_heads}"
+            )
 
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
@@ -203,6 +211,8 @@ class MultiHeadAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
+            + (f", rope_base={self.rope_base:g}, rope_interleaved={self.rope_interleaved}"
+               if self.rope else "")
         )
 
     def new_cache(
@@ -222,11 +232,11 @@ class MultiHeadAttention(nn.Module):
             device=weight.device if device is None else device,
         )
 
-    def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache):
-        for name, t, size, size_name in (
-            ("query", query, self.embed_dim, "embed_dim"),
-            ("key", key, self.kdim, "kdim"),
-            ("value", value, self.vdim, "vdim"),
+    def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache, positions):
+        for name, t, size, size_name, layer in (
+            ("query", query, self.embed_dim, "embed_dim", self.w_query),
+            ("key", key, self.kdim, "kdim", self.w_key),
+            ("value", value, self.vdim, "vdim", self.w_value),
         ):
             check_tensor(name, t, floating=True)
             if t.dim() != 3:
@@ -238,6 +248,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(
                     f"{name}'s last dimension must equal {size_name}={size}, got {t.shape[-1]}"
                 )
+            check_like(name, t, "the module's parameters", layer.weight)
         if not query.shape[0] == key.shape[0] == value.shape[0]:
             raise ValueError(
                 "query, key and value must have the same batch size, got "
@@ -248,53 +259,52 @@ class MultiHeadAttention(nn.Module):
                 "key and value must have the same number of positions j, "
                 f"got {key.shape[1]} and {value.shape[1]}"
             )
-        for name, flag in (("is_causal", is_causal), ("need_weights", need_weights)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if is_causal and attn_mask is not None:
+        check_mask_or_causal(attn_mask, is_causal)
+        check_bool("need_weights", need_weights)
+        b, i, j = query.shape[0], query.shape[1], key.shape[1]
+        if positions is not None and not self.rope:
+            raise ValueError("positions are used by rotary embeddings only: build the module with rope=True")
+        if self.rope and i != j:
             raise ValueError(
-                "pass either attn_mask or is_causal=True, not both (fold the causal "
-                "pattern into the mask with combine_masks)"
+                "with rope=True the keys must be the query tokens' own (self-attention), so "
+                f"key and query must have the same length, got {j} and {i} (cross-attention "
+                "has no shared positions)"
             )
-        j = key.shape[1]
+        if positions is not None:
+            check_tensor("positions", positions)
+            if positions.dim() not in (1, 2):
+                raise ValueError(f"positions must be (i,) or (b, i), got {tuple(positions.shape)}")
+            _check_positions(positions, (b, i), query, "query", "(b, i)")
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-            if cache.num_kv_heads != self.num_kv_heads or cache.head_dim != self.head_dim:
-                raise ValueError(
-                    f"the cache holds {cache.num_kv_heads} key/value heads of size "
-                    f"{cache.head_dim}, the module needs {self.num_kv_heads} of size "
-                    f"{self.head_dim}"
-                )
-            if query.shape[0] != cache.batch_size:
-                raise ValueError(
-                    f"the cache was built for batch size {cache.batch_size}, got a batch of "
-                    f"{query.shape[0]}; start a new cache (or reset() it) for a different batch"
-                )
-            if j > cache.remaining:
-                raise ValueError(
-                    f"the cache holds at most max_len={cache.max_len} positions: "
-                    f"{cache.length} are stored and {j} more do not fit"
-                )
-            if is_causal and query.shape[1] != j:
+            if is_causal and i != j:
                 raise ValueError(
                     "with a cache and is_causal=True the new queries must be the new "
-                    f"positions, got {query.shape[1]} queries and {j} new keys"
+                    f"positions, got {i} queries and {j} new keys"
                 )
+            grad = torch.is_grad_enabled() and (
+                key.requires_grad or value.requires_grad
+                or any(p.requires_grad for p in (*self.w_key.parameters(), *self.w_value.parameters()))
+            )
+            weight = self.w_key.weight
+            cache._check_update(b, j, self.num_kv_heads, self.head_dim, weight.dtype,
+                                weight.device, grad)
             j = cache.length + j
         if attn_mask is not None:
-            check_mask(attn_mask, query.dtype, (query.shape[0], self.num_heads, query.shape[1], j))
+            check_mask(attn_mask, query.dtype, (b, self.num_heads, i, j), device=query.device)
 
     def forward(
         self,
         query: Tensor,
         key: Tensor,
         value: Tensor,
+        *,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-        *,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` in every head.
 
@@ -308,53 +318,53 @@ class MultiHeadAttention(nn.Module):
             is_causal: causal masking. Without a cache it is PyTorch's top-left mask
                 (query ``q`` sees keys ``k <= q``). With a cache the ``i`` queries are the
                 newest positions and see every cached key plus the new keys up to
-                themselves (bottom-right alignment, :func:`attention.decoding_mask`).
-            need_weights: also return the per-head weights. ``False`` runs the fused
+                themselves (bottom-right alignment, :meth:`KVCache.causal_pattern`).
+            need_weights: return the per-head weights too. ``False`` runs the fused
                 ``torch.nn.functional.scaled_dot_product_attention``; ``True`` the
-                package's materialising :func:`attention.attention_weights` (same result).
+                package's materialising :func:`attention.scaled_dot_product_attention`
+                core (same result).
             cache: a :class:`attention.KVCache` (see :meth:`new_cache`). The new keys and
                 values are projected, appended to it, and the queries attend to all of
-                its positions. Prefill with the prompt, then call with one token at a time.
+                its positions. Prefill with the prompt, then call with one token at a time,
+                under ``torch.inference_mode()`` or ``torch.no_grad()``.
+            positions: with ``rope=True``, the integer positions of the ``i`` new tokens,
+                ``(i,)`` or ``(b, i)``; the keys share them. Default ``arange(i)``, shifted
+                by the cache's length when a cache is given, so cached decoding equals the
+                full causal call.
 
         Returns:
             ``(output, weights)``: output ``(b, i, embed_dim)``; weights ``(b, h, i, j)``
             before dropout (rows sum to 1) if ``need_weights`` else ``None``.
             ``weights.mean(1)`` is what ``nn.MultiheadAttention`` returns by default.
         """
-        self._validate(query, key, value, attn_mask, is_causal, need_weights, cache)
-        q = split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
-        k = split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
-        v = split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
+        self._validate(query, key, value, attn_mask, is_causal, need_weights, cache, positions)
+        q = _split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
+        k = _split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
+        v = _split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
+        if self.rope:  # rotate queries and keys by their positions, before any score
+            if positions is None:
+                start = 0 if cache is None else cache.length
+                positions = torch.arange(start, start + q.shape[2], device=q.device)  # (i,)
+            elif positions.dim() == 2:
+                positions = positions[:, None, :]  # (b, 1, i): the same for every head
+            q = _apply_rope(q, positions, self.rope_base, self.rope_interleaved, None)
+            k = _apply_rope(k, positions, self.rope_base, self.rope_interleaved, None)
         if cache is not None:
-            num_cached = cache.length
-            k, v = cache.update(k, v)  # (b, h_kv, num_cached + j, d)
+            k, v = cache._append(k, v)  # (b, h_kv, cached + j, d)
             if is_causal:
-                is_causal = False
-                if num_cached == 0:  # an empty cache: the ordinary top-left triangle
-                    is_causal = True
-                elif q.shape[2] > 1:  # bottom-right: the new queries see the whole cache
-                    attn_mask = decoding_mask(q.shape[2], num_cached, device=q.device)
-                # one new query after a non-empty cache sees everything: no mask at all
+                attn_mask, is_causal = cache.causal_pattern(q.shape[2])
         dropout_p = self.dropout if self.training else 0.0
-
+        gqa = self.num_groups > 1
         if need_weights:
-            k = repeat_kv(k, self.num_groups)  # (b, h, j, d)
-            v = repeat_kv(v, self.num_groups)  # (b, h, j, d)
-            weights = attention_weights(q, k, attn_mask, is_causal)  # (b, h, i, j)
-            dropped = torch.dropout(weights, dropout_p, train=True) if dropout_p else weights
-            context = dropped @ v  # (b, h, i, d)
+            context, weights = _attention(q, k, v, attn_mask, is_causal, None, gqa, dropout_p)
         else:
             weights = None
             context = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=attn_mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                enable_gqa=self.num_groups > 1,
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                enable_gqa=gqa,
             )  # (b, h, i, d)
-        return self.w_out(merge_heads(context)), weights  # (b, i, embed_dim)
+        merged = context.transpose(1, 2).flatten(2)  # (b, i, h*d): the heads concatenated
+        return self.w_out(merged), weights  # (b, i, embed_dim)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -399,16 +409,13 @@ class MultiHeadAttention(nn.Module):
             device=ref.device,
             dtype=ref.dtype,
         )
+        layers = (new.w_query, new.w_key, new.w_value, new.w_out)
+        weights = (w_q, w_k, w_v, module.out_proj.weight)
+        biases = (*module.in_proj_bias.chunk(3), module.out_proj.bias) if bias else (None,) * 4
         with torch.no_grad():
-            new.w_query.weight.copy_(w_q)
-            new.w_key.weight.copy_(w_k)
-            new.w_value.weight.copy_(w_v)
-            new.w_out.weight.copy_(module.out_proj.weight)
-            if bias:
-                b_q, b_k, b_v = module.in_proj_bias.detach().chunk(3)
-                new.w_query.bias.copy_(b_q)
-                new.w_key.bias.copy_(b_k)
-                new.w_value.bias.copy_(b_v)
-                new.w_out.bias.copy_(module.out_proj.bias)
+            for layer, weight, b in zip(layers, weights, biases):
+                layer.weight.copy_(weight)
+                if b is not None:
+                    layer.bias.copy_(b)
         new.train(module.training)
         return new

@@ -17,6 +17,7 @@ from importlib import resources
 import numpy as np
 import torch
 
+from ._checks import check_int
 from .plotting import use_course_style
 
 __all__ = ["setup_notebook", "report_close", "load_benchmark"]
@@ -35,15 +36,10 @@ def setup_notebook(seed: int = 0, *, precision: int = 4, threads: int = 1) -> No
         precision: decimals shown when printing tensors and arrays.
         threads: CPU threads PyTorch may use.
     """
-    for name, value in (("seed", seed), ("precision", precision), ("threads", threads)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if precision < 0:
-        raise ValueError(f"precision must be >= 0, got {precision}")
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    # every argument is checked before any global state (seeds, threads, style) changes
+    seed = check_int("seed", seed, minimum=0)
+    precision = check_int("precision", precision, minimum=0)
+    threads = check_int("threads", threads, minimum=1)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -97,8 +93,12 @@ def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0)
             raise TypeError(f"{label} must be a number, got {type(tol).__name__}")
         if not math.isfinite(tol) or tol < 0:
             raise ValueError(f"{label} must be finite and >= 0, got {tol}")
-    a = torch.as_tensor(actual).detach().to("cpu")
-    e = torch.as_tensor(expected).detach().to("cpu")
+    # Python numbers and NumPy arrays are taken at float64, so nothing is lost before
+    # the comparison (torch.as_tensor would make a Python float float32).
+    a = actual.detach().to("cpu") if isinstance(actual, torch.Tensor) else torch.as_tensor(
+        np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64))
+    e = expected.detach().to("cpu") if isinstance(expected, torch.Tensor) else torch.as_tensor(
+        np.asarray(expected, dtype=np.complex128 if np.iscomplexobj(expected) else np.float64))
     if a.is_complex() or e.is_complex():
         a, e = torch.view_as_real(a.to(torch.complex128)), torch.view_as_real(e.to(torch.complex128))
     a, e = a.to(torch.float64), e.to(torch.float64)

@@ -11,102 +11,42 @@ the ground truth every faster variant in the package is tested against.
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 from torch import Tensor
 
-from ._checks import broadcast_shapes, check_mask, check_qkv
-from .masks import causal_mask
-from .softmax import softmax
+from ._checks import check_probability, validate_attention, validate_weights
+from ._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
 
 __all__ = ["attention_weights", "scaled_dot_product_attention"]
 
 
-def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """The boundary checks of the two public functions; returns the scores' shape."""
-    check_qkv(query, key, value)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if is_causal and attn_mask is not None:
-        raise ValueError(
-            "pass either attn_mask or is_causal=True, not both (fold the causal "
-            "pattern into the mask with combine_masks)"
-        )
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-
-    q_batch, k_batch = tuple(query.shape[:-2]), tuple(key.shape[:-2])
-    v_batch = tuple(value.shape[:-2]) if value is not None else k_batch
-    if enable_gqa:
-        if query.dim() < 3 or key.dim() < 3:
-            raise ValueError(
-                "enable_gqa=True needs a heads axis: query and key of shape (..., h, i, d), "
-                f"got {tuple(query.shape)} and {tuple(key.shape)}"
-            )
-        hq, hk = query.shape[-3], key.shape[-3]
-        hv = value.shape[-3] if value is not None else hk
-        if hk != hv:
-            raise ValueError(f"key and value must have the same number of heads, got {hk} and {hv}")
-        if hk == 0 or hq % hk != 0:
-            raise ValueError(
-                "with enable_gqa=True the query heads must be a multiple of the key/value "
-                f"heads, got {hq} query heads and {hk} key/value heads"
-            )
-        q_batch, k_batch, v_batch = q_batch[:-1], k_batch[:-1], v_batch[:-1]
-        heads = (hq,)
-    else:
-        if query.dim() >= 4 and key.dim() >= 4:  # (b, h, i, d): name the heads axis
-            hq, hk = query.shape[-3], key.shape[-3]
-            if hq != hk and hk != 1 and hq != 1:
-                raise ValueError(
-                    f"query has {hq} heads but key has {hk}; they must match "
-                    "(or pass enable_gqa=True for grouped-query attention)"
-                )
-        heads = ()
-    batch = broadcast_shapes("the batch dims of query, key and value", q_batch, k_batch, v_batch)
-    scores_shape = (*batch, *heads, query.shape[-2], key.shape[-2])
-    if attn_mask is not None:
-        check_mask(attn_mask, query.dtype, scores_shape)
-    return scores_shape
-
-
-def _expand_kv_heads(query: Tensor, t: Tensor) -> Tensor:
-    """Repeat each key/value head for its group of query heads: (..., hk, j, *) -> (..., hq, j, *)."""
-    groups = query.shape[-3] // t.shape[-3]
-    return t.repeat_interleave(groups, dim=-3)
-
-
 def _weights(query, key, attn_mask, is_causal, scale, enable_gqa) -> Tensor:
-    """Unchecked core of :func:`attention_weights`."""
+    """Unchecked core of :func:`attention_weights`: ``(..., h, i, j)`` weights."""
     if enable_gqa:
-        key = _expand_kv_heads(query, key)
-    d = query.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    scores = (query @ key.transpose(-2, -1)) * scale  # (..., i, j)
+        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
+    scale = default_scale(scale, query.shape[-1])
+    scores = (query @ key.transpose(-2, -1)) * scale  # (..., h, i, j)
     if is_causal:
-        attn_mask = causal_mask(query.shape[-2], key.shape[-2], device=query.device)
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            scores = scores + attn_mask
-    # A row with no visible key would be 0/0 = NaN. Like torch, return zero weights for
-    # it: replace its scores by zeros before the softmax (so the backward pass stays
-    # finite) and zero the weights after.
-    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., i, 1)
-    scores = scores.masked_fill(dead, 0.0)
-    return softmax(scores, dim=-1).masked_fill(dead, 0.0)  # (..., i, j)
+        attn_mask = top_left_causal(query.shape[-2], key.shape[-2], device=query.device)
+    return masked_softmax(scores, attn_mask)  # (..., h, i, j)
+
+
+def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0):
+    """Unchecked core of :func:`scaled_dot_product_attention`: ``(output, weights)``.
+
+    ``weights`` are the ``(..., h, i, j)`` weights before dropout.
+    """
+    weights = _weights(query, key, attn_mask, is_causal, scale, enable_gqa)
+    dropped = torch.dropout(weights, dropout_p, train=True) if dropout_p > 0.0 else weights
+    if enable_gqa:
+        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
+    return dropped @ value, weights  # (..., h, i, e), (..., h, i, j)
 
 
 def attention_weights(
     query: Tensor,
     key: Tensor,
+    *,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
@@ -130,14 +70,15 @@ def attention_weights(
 
     Returns:
         ``(..., h, i, j)`` weights; each row sums to 1, masked entries are exactly 0 and a
-        row with no visible key is all zeros.
+        row with no visible key is all zeros (so is every row when ``j = 0``). A NaN
+        score makes its whole row NaN, even where masked, as in PyTorch.
 
     Example:
         >>> q = k = torch.eye(2)
         >>> attention_weights(q, k, scale=100.0).round().tolist()
         [[1.0, 0.0], [0.0, 1.0]]
     """
-    _validate(query, key, None, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    validate_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
     return _weights(query, key, attn_mask, is_causal, scale, enable_gqa)
 
 
@@ -148,6 +89,7 @@ def scaled_dot_product_attention(
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
+    *,
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
@@ -155,6 +97,10 @@ def scaled_dot_product_attention(
 
     Same signature and semantics as ``torch.nn.functional.scaled_dot_product_attention``,
     written so every step is visible: scores, mask, softmax, (dropout), weighted sum.
+    The edge cases follow PyTorch too: a boolean mask is applied as an additive one, so
+    a NaN or ``+inf`` score poisons its row even where masked; a row with no visible
+    key, and every row when there are no keys (``j = 0``), gives zeros; ``d = 0`` gives
+    zero scores, hence the mean of the values.
 
     Args:
         query: ``(..., h, i, d)``.
@@ -168,6 +114,13 @@ def scaled_dot_product_attention(
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
 
+    Raises:
+        TypeError: for non-tensors, non-floating or mixed dtypes, a non-bool flag, a
+            non-numeric scale or dropout_p.
+        ValueError: for mismatched ``d``/``j``/heads, batch dims that don't broadcast, a
+            mask of the wrong shape, inputs on different devices, ``attn_mask`` together
+            with ``is_causal=True``, ``dropout_p`` outside ``[0, 1]``.
+
     Returns:
         ``(..., h, i, e)``. A query with no visible key gets a zero output.
 
@@ -176,10 +129,6 @@ def scaled_dot_product_attention(
         >>> scaled_dot_product_attention(q, k, v).tolist()  # equal scores: the mean
         [[1.0]]
     """
-    _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    weights = _weights(query, key, attn_mask, is_causal, scale, enable_gqa)  # (..., h, i, j)
-    if dropout_p > 0.0:
-        weights = torch.dropout(weights, dropout_p, train=True)
-    if enable_gqa:
-        value = _expand_kv_heads(query, value)
-    return weights @ value  # (..., h, i, e)
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    check_probability("dropout_p", dropout_p, closed=True)  # torch allows 1.0: all zeros
+    return _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p)[0]

@@ -1,11 +1,13 @@
 """Score functions: how a query and a key become one number (taught in chapter 09).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
-``j`` key positions, ``d_q`` query size, ``d_k`` key size, ``h`` hidden size of the
-additive score, ``e`` value size.
+``j`` key positions, ``d_q`` query size, ``d_k`` key size, ``a`` the hidden size of the
+additive score (``d_hidden``; not ``h``, which means heads everywhere else in the
+package), ``e`` value size.
 
 Every score function maps ``query (..., i, d_q)`` and ``key (..., j, d_k)`` to
-``scores (..., i, j)`` through the same call, ``score(query, key)``:
+``scores (..., i, j)`` through the same call, ``score(query, key)``; the batch dims of
+query and key broadcast against each other:
 
 - dot: ``q^T k`` (:func:`dot_scores`)
 - scaled dot: ``q^T k / sqrt(d)`` (:func:`scaled_dot_scores`)
@@ -17,8 +19,8 @@ Every score function maps ``query (..., i, d_q)`` and ``key (..., j, d_k)`` to
 
 The parameter-free scores are plain functions; the learnable ones are ``nn.Module``\\ s
 that own their parameters and call the functional core (:func:`general_scores`,
-:func:`additive_scores`). :class:`AdditiveAttention` wraps the additive score into a
-complete attention layer (Bahdanau et al., 2015). Masks follow the package convention:
+:func:`additive_scores`). ``additive.py`` builds complete attention layers on the
+additive score (Bahdanau et al., 2015). Masks follow the package convention:
 boolean, **True = may attend**, broadcastable to the ``(..., i, j)`` scores.
 """
 
@@ -30,22 +32,21 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_mask, check_tensor
-from .softmax import softmax
+from ._checks import (
+    broadcast_shapes,
+    check_bool,
+    check_int,
+    check_like,
+    check_qk,
+    check_real,
+    check_scale,
+    check_tensor,
+)
+from ._core import default_scale
 
-__all__ = [
-    "ACTIVATIONS",
-    "get_activation",
-    "dot_scores",
-    "scaled_dot_scores",
-    "cosine_scores",
-    "general_scores",
-    "additive_hidden",
-    "additive_scores",
-    "GeneralScore",
-    "AdditiveScore",
-    "AdditiveAttention",
-]
+# The score functions and activations are imported from this module
+# (``from attention.scoring import dot_scores``); the facade exports the modules.
+__all__ = ["GeneralScore", "AdditiveScore"]
 
 #: Activations a score may use, by name. ``None`` means the identity.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -60,6 +61,7 @@ def get_activation(name: str | None) -> Callable[[Tensor], Tensor]:
     """The activation called ``name`` (``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"identity"``/None).
 
     Raises:
+        TypeError: for a name that is not a string or None.
         ValueError: for any other name, listing the allowed ones.
 
     Example:
@@ -68,8 +70,10 @@ def get_activation(name: str | None) -> Callable[[Tensor], Tensor]:
     """
     if name is None:
         return ACTIVATIONS["identity"]
-    if not isinstance(name, str) or name not in ACTIVATIONS:
-        allowed = ", ".join(repr(n) for n in sorted(ACTIVATIONS))
+    allowed = ", ".join(repr(n) for n in sorted(ACTIVATIONS))
+    if not isinstance(name, str):
+        raise TypeError(f"activation must be one of {allowed} or None, got {type(name).__name__}")
+    if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {allowed} or None, got {name!r}")
     return ACTIVATIONS[name]
 
@@ -78,45 +82,34 @@ def get_activation(name: str | None) -> Callable[[Tensor], Tensor]:
 
 
 def _check_pair(query, key, *, same_size: bool) -> None:
-    check_tensor("query", query, floating=True, min_dim=2)
-    check_tensor("key", key, floating=True, min_dim=2)
-    if query.dtype != key.dtype:
-        raise TypeError(f"query and key must share a dtype, got {query.dtype} and {key.dtype}")
-    if same_size and query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            "query and key must share their last dimension d, "
-            f"got {query.shape[-1]} and {key.shape[-1]}"
-        )
+    """query ``(..., i, d_q)`` and key ``(..., j, d_k)`` with broadcasting batch dims."""
+    check_qk(query, key, same_size=same_size)
+    broadcast_shapes("the batch dims of query and key", query.shape[:-2], key.shape[:-2])
 
 
 def _check_sizes(query: Tensor, key: Tensor, d_q: int, d_k: int) -> None:
     """Learnable scores: the last dims must be the sizes the parameters were built for."""
     _check_pair(query, key, same_size=False)
-    if query.shape[-1] != d_q:
-        raise ValueError(
-            f"query must have d_q = {d_q} features (its last dimension), got {query.shape[-1]}"
-        )
-    if key.shape[-1] != d_k:
-        raise ValueError(
-            f"key must have d_k = {d_k} features (its last dimension), got {key.shape[-1]}"
-        )
+    for name, t, size, size_name in (("query", query, d_q, "d_q"), ("key", key, d_k, "d_k")):
+        if t.shape[-1] != size:
+            raise ValueError(
+                f"{name} must have {size_name} = {size} features (its last dimension), "
+                f"got {t.shape[-1]}"
+            )
 
 
-def _soft_weights(scores: Tensor, attn_mask: Tensor | None, dim: int) -> Tensor:
-    """Masked softmax along ``dim`` (unchecked core shared with ``alignment``).
+def _check_param(name: str, p, shape: tuple[int, ...], shape_text: str, query: Tensor) -> None:
+    """A parameter tensor of exactly ``shape``, with the query's dtype and device."""
+    check_tensor(name, p, floating=True)
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape_text} = {shape}, got {tuple(p.shape)}")
+    check_like("query", query, name, p)
 
-    ``attn_mask`` is boolean (True = may attend) or float (added). A slice along ``dim``
-    with no visible entry gets zero weights: its scores are replaced by zeros before the
-    softmax (so the backward pass stays finite) and the weights zeroed after.
-    """
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        else:
-            scores = scores + attn_mask
-    dead = torch.isneginf(scores).all(dim=dim, keepdim=True)
-    scores = scores.masked_fill(dead, 0.0)
-    return softmax(scores, dim=dim).masked_fill(dead, 0.0)
+
+def _check_matrix(name: str, w, rows_name: str) -> None:
+    check_tensor(name, w, floating=True)
+    if w.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D ({rows_name}, d) matrix, got shape {tuple(w.shape)}")
 
 
 # --------------------------------------------------------------------------- functions
@@ -140,7 +133,7 @@ def dot_scores(query: Tensor, key: Tensor) -> Tensor:
     return query @ key.transpose(-2, -1)  # (..., i, j)
 
 
-def scaled_dot_scores(query: Tensor, key: Tensor, scale: float | None = None) -> Tensor:
+def scaled_dot_scores(query: Tensor, key: Tensor, *, scale: float | None = None) -> Tensor:
     r"""Scaled dot-product scores :math:`s_{ij} = q_i^\top k_j / \sqrt{d}` (Vaswani et al.).
 
     With unit-variance entries :math:`\operatorname{Var}(q^\top k) = d`; dividing by
@@ -159,11 +152,11 @@ def scaled_dot_scores(query: Tensor, key: Tensor, scale: float | None = None) ->
         [[2.0]]
     """
     _check_pair(query, key, same_size=True)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scale = default_scale(check_scale(scale), query.shape[-1])
     return (query @ key.transpose(-2, -1)) * scale  # (..., i, j)
 
 
-def cosine_scores(query: Tensor, key: Tensor, eps: float = 1e-8) -> Tensor:
+def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
     r"""Cosine scores :math:`s_{ij} = q_i^\top k_j / \max(\lVert q_i\rVert \lVert k_j\rVert, \epsilon)`.
 
     Bounded in :math:`[-1, 1]`: the lengths of the vectors no longer sharpen the softmax,
@@ -182,6 +175,9 @@ def cosine_scores(query: Tensor, key: Tensor, eps: float = 1e-8) -> Tensor:
         0.7071
     """
     _check_pair(query, key, same_size=True)
+    eps = check_real("eps", eps)
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
     norms = query.norm(dim=-1).unsqueeze(-1) * key.norm(dim=-1).unsqueeze(-2)  # (..., i, j)
     return (query @ key.transpose(-2, -1)) / norms.clamp_min(eps)
 
@@ -209,21 +205,49 @@ def general_scores(
 
     Returns:
         ``(..., i, j)`` scores.
+
+    Example:
+        >>> general_scores(torch.ones(1, 2), torch.ones(3, 2), torch.eye(2)).tolist()
+        [[2.0, 2.0, 2.0]]
     """
     act = get_activation(activation)
-    check_tensor("weight", weight, floating=True)
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be a (d_k, d_q) matrix, got shape {tuple(weight.shape)}")
+    _check_matrix("weight", weight, "d_k")
     d_k, d_q = weight.shape
     _check_sizes(query, key, d_q, d_k)
+    check_like("query", query, "weight", weight)
     if bias is not None:
-        check_tensor("bias", bias, floating=True)
-        if tuple(bias.shape) != (d_k,):
-            raise ValueError(f"bias must have shape (d_k,) = ({d_k},), got {tuple(bias.shape)}")
+        _check_param("bias", bias, (d_k,), "(d_k,)", query)
     projected = query @ weight.transpose(0, 1)  # (..., i, d_k): W q_i
     if bias is not None:
         projected = projected + bias
     return act(projected @ key.transpose(-2, -1))  # (..., i, j)
+
+
+def _check_additive(query, key, w_query, w_key, bias) -> int:
+    """Checks of the additive score's arguments; returns the hidden size ``a``."""
+    _check_matrix("w_query", w_query, "a")
+    _check_matrix("w_key", w_key, "a")
+    if w_query.shape[0] != w_key.shape[0]:
+        raise ValueError(
+            "w_query and w_key must project to the same hidden size a, "
+            f"got {w_query.shape[0]} and {w_key.shape[0]}"
+        )
+    _check_sizes(query, key, w_query.shape[1], w_key.shape[1])
+    check_like("query", query, "w_query", w_query)
+    check_like("query", query, "w_key", w_key)
+    a = w_query.shape[0]
+    if bias is not None:
+        _check_param("bias", bias, (a,), "(a,)", query)
+    return a
+
+
+def _additive_hidden(query, key, w_query, w_key, bias, act) -> Tensor:
+    """Unchecked core of :func:`additive_hidden`: ``(..., i, j, a)``."""
+    q = query @ w_query.transpose(0, 1)  # (..., i, a)
+    if bias is not None:
+        q = q + bias  # added once per query, not once per (query, key) pair
+    k = key @ w_key.transpose(0, 1)  # (..., j, a)
+    return act(q.unsqueeze(-2) + k.unsqueeze(-3))  # (..., i, j, a)
 
 
 def additive_hidden(
@@ -242,35 +266,21 @@ def additive_hidden(
     Args:
         query: ``(..., i, d_q)``.
         key: ``(..., j, d_k)``.
-        w_query: ``(h, d_q)`` matrix :math:`W_1`.
-        w_key: ``(h, d_k)`` matrix :math:`W_2`.
-        bias: ``(h,)`` vector :math:`b`, or None.
+        w_query: ``(a, d_q)`` matrix :math:`W_1`.
+        w_key: ``(a, d_k)`` matrix :math:`W_2`.
+        bias: ``(a,)`` vector :math:`b`, or None.
         activation: name of the activation (default ``"tanh"`` as in Bahdanau et al.).
 
     Returns:
-        ``(..., i, j, h)`` hidden features, one vector per (query, key) pair.
+        ``(..., i, j, a)`` hidden features, one vector per (query, key) pair.
+
+    Example:
+        >>> additive_hidden(torch.ones(2, 3), torch.ones(4, 3), torch.zeros(5, 3), torch.zeros(5, 3)).shape
+        torch.Size([2, 4, 5])
     """
     act = get_activation(activation)
-    for name, w in (("w_query", w_query), ("w_key", w_key)):
-        check_tensor(name, w, floating=True)
-        if w.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D (h, d) matrix, got shape {tuple(w.shape)}")
-    if w_query.shape[0] != w_key.shape[0]:
-        raise ValueError(
-            "w_query and w_key must project to the same hidden size h, "
-            f"got {w_query.shape[0]} and {w_key.shape[0]}"
-        )
-    h = w_query.shape[0]
-    _check_sizes(query, key, w_query.shape[1], w_key.shape[1])
-    if bias is not None:
-        check_tensor("bias", bias, floating=True)
-        if tuple(bias.shape) != (h,):
-            raise ValueError(f"bias must have shape (h,) = ({h},), got {tuple(bias.shape)}")
-    q = query @ w_query.transpose(0, 1)  # (..., i, h)
-    if bias is not None:
-        q = q + bias  # added once per query, not once per (query, key) pair
-    k = key @ w_key.transpose(0, 1)  # (..., j, h)
-    return act(q.unsqueeze(-2) + k.unsqueeze(-3))  # (..., i, j, h)
+    _check_additive(query, key, w_query, w_key, bias)
+    return _additive_hidden(query, key, w_query, w_key, bias, act)
 
 
 def additive_scores(
@@ -285,26 +295,29 @@ def additive_scores(
     r"""Additive (concat, Bahdanau) scores :math:`s_{ij} = v^\top \mathrm{act}(W_1 q_i + W_2 k_j + b)`.
 
     Equal to :math:`v^\top \mathrm{act}(W [q_i; k_j] + b)` with :math:`W = [W_1\ W_2]`,
-    hence "concat". The query and key sizes are free: both are projected to ``h``.
+    hence "concat". The query and key sizes are free: both are projected to ``a``.
 
     Args:
         query: ``(..., i, d_q)``.
         key: ``(..., j, d_k)``.
-        w_query: ``(h, d_q)``.
-        w_key: ``(h, d_k)``.
-        v: ``(h,)`` output vector :math:`v` (called :math:`w` in some texts).
-        bias: ``(h,)`` or None.
+        w_query: ``(a, d_q)``.
+        w_key: ``(a, d_k)``.
+        v: ``(a,)`` output vector :math:`v` (called :math:`w` in some texts).
+        bias: ``(a,)`` or None.
         activation: name of the activation (default ``"tanh"``).
 
     Returns:
         ``(..., i, j)`` scores.
+
+    Example:
+        >>> additive_scores(torch.ones(2, 3), torch.ones(4, 3), torch.zeros(5, 3),
+        ...                 torch.zeros(5, 3), torch.ones(5)).tolist()[0]
+        [0.0, 0.0, 0.0, 0.0]
     """
-    check_tensor("v", v, floating=True)
-    if tuple(v.shape) != (w_query.shape[0],):
-        raise ValueError(
-            f"v must have shape (h,) = ({w_query.shape[0]},), got {tuple(v.shape)}"
-        )
-    hidden = additive_hidden(query, key, w_query, w_key, bias, activation)  # (..., i, j, h)
+    act = get_activation(activation)
+    a = _check_additive(query, key, w_query, w_key, bias)
+    _check_param("v", v, (a,), "(a,)", query)
+    hidden = _additive_hidden(query, key, w_query, w_key, bias, act)  # (..., i, j, a)
     return hidden @ v  # (..., i, j)
 
 
@@ -337,6 +350,7 @@ class GeneralScore(nn.Module):
         super().__init__()
         self.d_q = check_int("d_q", d_q, minimum=1)
         self.d_k = check_int("d_k", d_k, minimum=1)
+        check_bool("bias", bias)
         get_activation(activation)  # fail early on an unknown name
         self.activation = activation
         self.weight = nn.Parameter(torch.empty(self.d_k, self.d_q))
@@ -370,7 +384,7 @@ class AdditiveScore(nn.Module):
     Args:
         d_q: query size.
         d_k: key size (may differ from ``d_q``).
-        d_hidden: hidden size ``h``.
+        d_hidden: hidden size ``a``.
         activation: name of the activation (default ``"tanh"``).
         bias: include :math:`b`.
 
@@ -388,6 +402,7 @@ class AdditiveScore(nn.Module):
         self.d_q = check_int("d_q", d_q, minimum=1)
         self.d_k = check_int("d_k", d_k, minimum=1)
         self.d_hidden = check_int("d_hidden", d_hidden, minimum=1)
+        check_bool("bias", bias)
         get_activation(activation)
         self.activation = activation
         self.w_query = nn.Parameter(torch.empty(self.d_hidden, self.d_q))
@@ -416,83 +431,3 @@ class AdditiveScore(nn.Module):
     def extra_repr(self) -> str:
         return (f"d_q={self.d_q}, d_k={self.d_k}, d_hidden={self.d_hidden}, "
                 f"activation={self.activation!r}, bias={self.bias is not None}")
-
-
-class AdditiveAttention(nn.Module):
-    r"""Bahdanau attention: additive scores, softmax over keys, weighted sum of values.
-
-    .. math:: \alpha_{ij} = \operatorname{softmax}_j\big(v^\top \tanh(W_1 q_i + W_2 k_j + b)\big),
-              \qquad c_i = \sum_j \alpha_{ij} v_j
-
-    The query may be a single vector per batch element (a decoder state, ``(b, d_q)``)
-    or a sequence ``(b, i, d_q)``; keys and values may have other sizes than the query.
-
-    Args:
-        d_q: query size.
-        d_k: key size.
-        d_v: value size, checked when given (values are not projected); None accepts any.
-        d_hidden: hidden size of the score (default ``d_q``).
-        activation: activation of the score (default ``"tanh"``).
-        bias: include the bias :math:`b` in the score.
-
-    Parameters: those of :attr:`score`, an :class:`AdditiveScore`.
-
-    Example:
-        >>> attn = AdditiveAttention(4, 6, 3, d_hidden=8)
-        >>> context, weights = attn(torch.randn(2, 4), torch.randn(2, 5, 6), torch.randn(2, 5, 3))
-        >>> context.shape, weights.shape
-        (torch.Size([2, 3]), torch.Size([2, 5]))
-    """
-
-    def __init__(self, d_q: int, d_k: int, d_v: int | None = None, d_hidden: int | None = None,
-                 *, activation: str | None = "tanh", bias: bool = True):
-        super().__init__()
-        self.d_v = None if d_v is None else check_int("d_v", d_v, minimum=1)
-        d_hidden = d_q if d_hidden is None else d_hidden
-        self.score = AdditiveScore(d_q, d_k, d_hidden, activation, bias=bias)
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor | None = None,
-                attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Attend from ``query`` over ``key``/``value``.
-
-        Args:
-            query: ``(b, d_q)`` (one query each) or ``(b, i, d_q)``.
-            key: ``(b, j, d_k)``.
-            value: ``(b, j, e)``; None uses the keys as values (Bahdanau's annotations).
-            attn_mask: boolean, **True = may attend**, broadcastable to the weights'
-                shape: ``(b, j)`` for a single query, ``(b, i, j)`` for a sequence.
-                A float mask is added to the scores.
-
-        Returns:
-            ``(context, weights)``: ``(b, e)`` and ``(b, j)`` for a single query,
-            ``(b, i, e)`` and ``(b, i, j)`` for a sequence. Masked weights are exactly
-            zero; a query with no visible key gets zero weights and a zero context.
-        """
-        check_tensor("query", query, floating=True, min_dim=2)
-        check_tensor("key", key, floating=True, min_dim=3)
-        value = key if value is None else value
-        check_tensor("value", value, floating=True, min_dim=3)
-        if value.shape[-2] != key.shape[-2]:
-            raise ValueError(
-                "key and value must have the same number of positions j, "
-                f"got {key.shape[-2]} and {value.shape[-2]}"
-            )
-        if self.d_v is not None and value.shape[-1] != self.d_v:
-            raise ValueError(
-                f"value must have d_v = {self.d_v} features (its last dimension), "
-                f"got {value.shape[-1]}"
-            )
-        single = query.dim() == key.dim() - 1
-        if single:
-            query = query.unsqueeze(-2)  # (b, 1, d_q)
-        scores = self.score(query, key)  # (b, i, j)
-        if attn_mask is not None:
-            target = tuple(scores.shape[:-2]) + (scores.shape[-1],) if single else tuple(scores.shape)
-            check_mask(attn_mask, scores.dtype, target)
-            if single:
-                attn_mask = attn_mask.unsqueeze(-2)  # (b, 1, j)
-        weights = _soft_weights(scores, attn_mask, dim=-1)  # (b, i, j)
-        context = weights @ value  # (b, i, e)
-        if single:
-            return context.squeeze(-2), weights.squeeze(-2)
-        return context, weights

@@ -19,37 +19,51 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ._checks import check_int, check_tensor
-from .scaled_dot_product import attention_weights, scaled_dot_product_attention
+from ._checks import (
+    broadcast_shapes,
+    check_bool,
+    check_int,
+    check_like,
+    check_mask,
+    check_mask_or_causal,
+    check_tensor,
+)
+from .scaled_dot_product import _attention
 
 __all__ = ["SelfAttention"]
 
 
 def _check_features(name: str, x, expected: int, what: str, layer: nn.Linear) -> None:
-    """Require a floating tensor ``x`` of shape ``(..., n, expected)`` in ``layer``'s dtype."""
+    """Require a floating tensor ``x`` of shape ``(..., n, expected)`` in ``layer``'s dtype
+    and on its device."""
     check_tensor(name, x, floating=True, min_dim=2)
     if x.shape[-1] != expected:
         raise ValueError(
             f"{name} must have {what}={expected} features in its last dimension, "
             f"got {x.shape[-1]} (shape {tuple(x.shape)})"
         )
-    if x.dtype != layer.weight.dtype:
-        raise TypeError(
-            f"{name} must have the module's dtype {layer.weight.dtype}, got {x.dtype} "
-            "(convert the module with .to(dtype) or the input with .to(dtype))"
-        )
+    check_like(name, x, "the module's parameters", layer.weight)
+
+
+def _check_options(x_query: Tensor, x_context: Tensor, attn_mask, is_causal, need_weights) -> None:
+    """The flags and the mask of a single-head module, against ``(..., i, j)`` scores."""
+    check_mask_or_causal(attn_mask, is_causal)
+    check_bool("need_weights", need_weights)
+    batch = broadcast_shapes("the batch dims of the two inputs", x_query.shape[:-2],
+                             x_context.shape[:-2])
+    if attn_mask is not None:
+        target = (*batch, x_query.shape[-2], x_context.shape[-2])
+        check_mask(attn_mask, x_query.dtype, target, device=x_query.device)
 
 
 def _attend(query: Tensor, key: Tensor, value: Tensor, attn_mask, is_causal: bool,
-            need_weights: bool):
-    """Scaled dot-product attention on projected ``(..., i, d)``, ``(..., j, d)``, ``(..., j, e)``.
+            need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """Attention on projected ``(..., i, d)``, ``(..., j, d)``, ``(..., j, e)`` (unchecked).
 
-    Returns ``(..., i, e)``, or ``((..., i, e), (..., i, j))`` when ``need_weights``.
+    Returns ``((..., i, e), (..., i, j) or None)``.
     """
-    if not need_weights:
-        return scaled_dot_product_attention(query, key, value, attn_mask, is_causal=is_causal)
-    weights = attention_weights(query, key, attn_mask, is_causal=is_causal)  # (..., i, j)
-    return weights @ value, weights  # (..., i, e), (..., i, j)
+    out, weights = _attention(query, key, value, attn_mask, is_causal, None, False)
+    return out, (weights if need_weights else None)
 
 
 class SelfAttention(nn.Module):
@@ -57,8 +71,8 @@ class SelfAttention(nn.Module):
     :math:`Q = X W_Q^\top`, :math:`K = X W_K^\top`, :math:`V = X W_V^\top`.
 
     The module owns only the three projections; the attention itself is the package's
-    functional :func:`~attention.scaled_dot_product_attention` (and
-    :func:`~attention.attention_weights` when the weights are asked for).
+    functional :func:`~attention.scaled_dot_product_attention`, whose weights it returns
+    when asked.
 
     Args:
         d_in: features of each input token.
@@ -75,8 +89,9 @@ class SelfAttention(nn.Module):
     Example:
         >>> import torch
         >>> attn = SelfAttention(16, 24, 28)
-        >>> attn(torch.randn(6, 16)).shape
-        torch.Size([6, 28])
+        >>> out, w = attn(torch.randn(6, 16))
+        >>> out.shape, w is None
+        (torch.Size([6, 28]), True)
         >>> out, w = attn(torch.randn(2, 6, 16), is_causal=True, need_weights=True)
         >>> out.shape, w.shape
         (torch.Size([2, 6, 28]), torch.Size([2, 6, 6]))
@@ -87,6 +102,7 @@ class SelfAttention(nn.Module):
         self.d_in = check_int("d_in", d_in, minimum=1)
         self.d_out_kq = check_int("d_out_kq", d_out_kq, minimum=1)
         self.d_out_v = check_int("d_out_v", d_out_v, minimum=1)
+        check_bool("bias", bias)
         self.w_query = nn.Linear(self.d_in, self.d_out_kq, bias=bias)
         self.w_key = nn.Linear(self.d_in, self.d_out_kq, bias=bias)
         self.w_value = nn.Linear(self.d_in, self.d_out_v, bias=bias)
@@ -94,10 +110,11 @@ class SelfAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
+        *,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
-    ):
+    ) -> tuple[Tensor, Tensor | None]:
         """Attend from every token of ``x`` to every token of ``x``.
 
         Args:
@@ -109,13 +126,14 @@ class SelfAttention(nn.Module):
                 ``(b, 1, i)``.
             is_causal: token ``q`` sees only tokens ``k <= q``; not together with
                 ``attn_mask``.
-            need_weights: also return the attention weights.
+            need_weights: return the attention weights too.
 
         Returns:
-            ``(..., i, d_out_v)``; with ``need_weights=True`` the pair
-            ``(output, weights)`` with weights of shape ``(..., i, i)``, rows = queries.
+            ``(output, weights)``: output ``(..., i, d_out_v)``; weights ``(..., i, i)``
+            (rows = queries) with ``need_weights=True``, else ``None``.
         """
         _check_features("x", x, self.d_in, "d_in", self.w_query)
+        _check_options(x, x, attn_mask, is_causal, need_weights)
         query = self.w_query(x)  # (..., i, d)
         key = self.w_key(x)  # (..., i, d)
         value = self.w_value(x)  # (..., i, e)

@@ -14,6 +14,10 @@ encoder-decoder: encoder self-attention (source padding), decoder self-attention
 
 Tokens: ``PAD = 0``, ``BOS = 1`` (start of the decoder input), symbols from
 ``FIRST_SYMBOL = 2`` on.
+
+This module is the toolkit of one chapter, not part of the attention library, so the
+package's facade does not re-export it: import it as
+``from attention.seq2seq import TinySeq2Seq, train_seq2seq``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_int, check_tensor
+from ._checks import (
+    check_bool,
+    check_generator,
+    check_has_data,
+    check_int,
+    check_real,
+    check_same_device,
+    check_tensor,
+)
 from .cross_attention import CrossAttention
 from .masks import causal_mask, combine_masks, padding_mask
 from .self_attention import SelfAttention
@@ -85,6 +97,7 @@ def reversal_batch(
     batch_size = check_int("batch_size", batch_size, minimum=1)
     length = check_int("length", length, minimum=1)
     num_symbols = check_int("num_symbols", num_symbols, minimum=1)
+    check_generator(generator, torch.device("cpu"))
     src = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + num_symbols, (batch_size, length),
                         generator=generator)  # (b, n)
     tgt_out = src.flip(-1)  # (b, n)
@@ -153,6 +166,8 @@ class TinySeq2Seq(nn.Module):
         >>> logits, cross = model(src, tgt_in, need_weights=True)
         >>> logits.shape, cross.shape
         (torch.Size([3, 5, 10]), torch.Size([3, 5, 8]))
+        >>> model(src, tgt_in)[1] is None
+        True
     """
 
     def __init__(self, vocab_size: int, max_len: int, d_model: int = 32):
@@ -170,12 +185,11 @@ class TinySeq2Seq(nn.Module):
         self.readout = nn.Linear(d, vocab_size)
 
     def _check_tokens(self, name: str, tokens) -> None:
-        check_tensor(name, tokens, min_dim=2)
-        if tokens.dim() != 2 or tokens.dtype != torch.long:
-            raise ValueError(
-                f"{name} must be a (b, n) LongTensor of token ids, got dtype {tokens.dtype} "
-                f"and shape {tuple(tokens.shape)}"
-            )
+        check_tensor(name, tokens, dtype=torch.long)
+        if tokens.dim() != 2:
+            raise ValueError(f"{name} must be a (b, n) tensor of token ids, got shape {tuple(tokens.shape)}")
+        check_same_device(**{name: tokens, "the model": self.readout.weight})
+        check_has_data(name, tokens)
         if tokens.shape[1] > self.max_len:
             raise ValueError(f"{name} has {tokens.shape[1]} positions, more than max_len={self.max_len}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
@@ -185,7 +199,7 @@ class TinySeq2Seq(nn.Module):
         """``(b, j)`` token ids -> ``(b, j, d)`` encoder states; ``src_mask`` ``(b, 1, j)``."""
         positions = torch.arange(src.shape[1], device=src.device)
         h = self.src_embed(src) + self.src_pos(positions)  # (b, j, d)
-        return h + self.encoder_attn(h, attn_mask=src_mask)  # (b, j, d)
+        return h + self.encoder_attn(h, attn_mask=src_mask)[0]  # (b, j, d)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, decoder_mask: Tensor | None = None,
                cross_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -194,9 +208,9 @@ class TinySeq2Seq(nn.Module):
         positions = torch.arange(tgt_in.shape[1], device=tgt_in.device)
         h = self.tgt_embed(tgt_in) + self.tgt_pos(positions)  # (b, i, d)
         if decoder_mask is None:
-            h = h + self.decoder_attn(h, is_causal=True)
+            h = h + self.decoder_attn(h, is_causal=True)[0]
         else:
-            h = h + self.decoder_attn(h, attn_mask=decoder_mask)  # (b, i, d)
+            h = h + self.decoder_attn(h, attn_mask=decoder_mask)[0]  # (b, i, d)
         context, weights = self.cross_attn(h, memory, attn_mask=cross_mask, need_weights=True)
         return self.readout(h + context), weights  # (b, i, V), (b, i, j)
 
@@ -206,8 +220,9 @@ class TinySeq2Seq(nn.Module):
         tgt_in: Tensor,
         src_lengths: Tensor | Sequence[int] | None = None,
         tgt_lengths: Tensor | Sequence[int] | None = None,
+        *,
         need_weights: bool = False,
-    ):
+    ) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced forward pass.
 
         Args:
@@ -216,14 +231,16 @@ class TinySeq2Seq(nn.Module):
             src_lengths / tgt_lengths: ``(b,)`` real lengths when the batch is padded;
                 ``None`` means no padding. They build the masks of
                 :func:`encoder_decoder_masks`.
-            need_weights: also return the cross-attention weights.
+            need_weights: return the cross-attention weights too.
 
         Returns:
-            ``(b, i, V)`` logits, and with ``need_weights=True`` also the ``(b, i, j)``
-            cross-attention weights (row = output position, column = source position).
+            ``(logits, weights)``: ``(b, i, V)`` logits; the ``(b, i, j)`` cross-attention
+            weights (row = output position, column = source position) with
+            ``need_weights=True``, else ``None``.
         """
         self._check_tokens("src", src)
         self._check_tokens("tgt_in", tgt_in)
+        check_bool("need_weights", need_weights)
         if src.shape[0] != tgt_in.shape[0]:
             raise ValueError(
                 f"src and tgt_in must have the same batch size, got {src.shape[0]} and {tgt_in.shape[0]}"
@@ -236,7 +253,7 @@ class TinySeq2Seq(nn.Module):
             enc_mask, dec_mask, cross_mask = encoder_decoder_masks(src_lengths, tgt_lengths, j, i)
         memory = self.encode(src, enc_mask)
         logits, weights = self.decode(tgt_in, memory, dec_mask, cross_mask)
-        return (logits, weights) if need_weights else logits
+        return logits, (weights if need_weights else None)
 
 
 def train_seq2seq(
@@ -275,6 +292,11 @@ def train_seq2seq(
     length = model.max_len if length is None else check_int("length", length, minimum=1)
     if length > model.max_len:
         raise ValueError(f"length must be <= model.max_len={model.max_len}, got {length}")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    lr = check_real("lr", lr)
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    seed = check_int("seed", seed, minimum=0)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -286,7 +308,7 @@ def train_seq2seq(
     try:
         for _ in steps:
             batch = reversal_batch(batch_size, length, num_symbols, generator=generator)
-            logits = model(batch.src, batch.tgt_in)  # (b, i, V)
+            logits, _ = model(batch.src, batch.tgt_in)  # (b, i, V)
             loss = loss_fn(logits.flatten(0, 1), batch.tgt_out.flatten())
             optimizer.zero_grad()
             loss.backward()
@@ -313,6 +335,8 @@ def greedy_decode(model: TinySeq2Seq, src: Tensor, length: int | None = None) ->
     Returns:
         ``(b, length)`` generated token ids.
     """
+    if not isinstance(model, TinySeq2Seq):
+        raise TypeError(f"model must be a TinySeq2Seq, got {type(model).__name__}")
     model._check_tokens("src", src)
     length = src.shape[1] if length is None else check_int("length", length, minimum=0)
     if length > model.max_len:

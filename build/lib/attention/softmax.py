@@ -1,7 +1,8 @@
 """Softmax, its logarithm and its Jacobian (taught in chapter 02).
 
 Shape legend used across the package: ``b`` batch, ``h`` heads, ``i`` query positions,
-``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` any softmax axis.
+``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length (here
+the length of the axis the softmax normalises over).
 """
 
 from __future__ import annotations
@@ -9,19 +10,42 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_tensor
+from ._checks import check_bool, check_dim, check_tensor
 
-__all__ = ["softmax", "log_softmax", "logsumexp", "softmax_jacobian", "two_pass_softmax", "entropy"]
+# softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 12, are imported
+# from this module (``from attention.softmax import softmax_jacobian``).
+__all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
 
 
-def _stable_max(x: Tensor, dim: int) -> Tensor:
-    """Row maximum used as the shift; rows that are all ``-inf`` get a shift of 0.
+def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
+    """Row maximum used as the shift; a row whose maximum is ``-inf`` gets a shift of 0.
 
-    The shift is detached: softmax is invariant to it, so its gradient contribution is
-    exactly zero and detaching only saves work.
+    ``zero_infinite`` also zeroes a ``+inf`` maximum, which :func:`logsumexp` needs
+    (``logsumexp([inf, 1]) = inf``) and the softmax must not do (``softmax([inf, 1])`` is
+    NaN in torch: ``inf - inf``). The shift is detached: softmax is invariant to it, so
+    its gradient contribution is exactly zero and detaching only saves work.
     """
     m = x.detach().amax(dim=dim, keepdim=True)
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    drop = torch.isinf(m) if zero_infinite else torch.isneginf(m)
+    return m.masked_fill(drop, 0.0)
+
+
+def _empty(x: Tensor, dim: int) -> bool:
+    """Whether the axis ``dim`` has no entries (a 0-dim tensor counts as one entry)."""
+    return x.dim() > 0 and x.shape[dim] == 0
+
+
+def _softmax(x: Tensor, dim: int) -> Tensor:
+    """Unchecked core of :func:`softmax`."""
+    if _empty(x, dim):  # nothing to normalise (amax would refuse the empty axis)
+        return x.clone()
+    z = torch.exp(x - _shift(x, dim, zero_infinite=False))
+    return z / z.sum(dim=dim, keepdim=True)
+
+
+def _check(name: str, x, dim) -> None:
+    check_tensor(name, x, floating=True)
+    check_dim("dim", dim, x.dim())
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -32,8 +56,9 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     Subtracting the maximum changes nothing mathematically (the factor :math:`e^{-m}`
     cancels) but keeps every exponent :math:`\le 0`, so the result is finite for any
     finite input. ``-inf`` entries get weight exactly 0; a row that is entirely
-    ``-inf`` gives NaN, as ``torch.softmax`` does (the attention functions handle that
-    case themselves).
+    ``-inf``, or holds a NaN or ``+inf``, gives NaN, as ``torch.softmax`` does (the
+    attention functions handle the all-masked row themselves). An empty axis gives an
+    empty result.
 
     Args:
         x: scores of any shape ``(..., n, ...)``.
@@ -46,15 +71,25 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
         >>> softmax(torch.tensor([10.0, 50.0, 100.0])).argmax().item()
         2
     """
-    check_tensor("x", x, floating=True)
-    z = torch.exp(x - _stable_max(x, dim))
-    return z / z.sum(dim=dim, keepdim=True)
+    _check("x", x, dim)
+    return _softmax(x, dim)
 
 
 def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
-    r"""Stable :math:`\log \sum_k e^{x_k} = m + \log \sum_k e^{x_k - m}` along ``dim``."""
-    check_tensor("x", x, floating=True)
-    m = _stable_max(x, dim)
+    r"""Stable :math:`\log \sum_k e^{x_k} = m + \log \sum_k e^{x_k - m}` along ``dim``.
+
+    Infinite maxima are not subtracted (as in ``torch.logsumexp``), so a row holding
+    ``+inf`` gives ``+inf``, an all ``-inf`` or empty row gives ``-inf``, a NaN gives NaN.
+
+    Example:
+        >>> round(logsumexp(torch.tensor([0.0, 0.0])).item(), 4)  # log 2
+        0.6931
+    """
+    _check("x", x, dim)
+    check_bool("keepdim", keepdim)
+    if _empty(x, dim):
+        return torch.logsumexp(x, dim=dim, keepdim=keepdim)  # -inf, torch's convention
+    m = _shift(x, dim, zero_infinite=True)
     out = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
     return out if keepdim else out.squeeze(dim)
 
@@ -62,10 +97,19 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     r"""Stable log-softmax, :math:`x_k - \operatorname{logsumexp}(x)`, along ``dim``.
 
-    Computing it this way never takes the log of a number that underflowed to zero, so
-    it stays finite where ``softmax(x).log()`` gives ``-inf``.
+    Computed as :math:`(x_k - m) - \log \sum_l e^{x_l - m}`, it never takes the log of
+    a number that underflowed to zero, so it stays finite where ``softmax(x).log()``
+    gives ``-inf``. NaN, ``+inf`` and all ``-inf`` rows give NaN, as in torch.
+
+    Example:
+        >>> log_softmax(torch.tensor([0.0, -1e4])).tolist()
+        [0.0, -10000.0]
     """
-    return x - logsumexp(x, dim=dim, keepdim=True)
+    _check("x", x, dim)
+    if _empty(x, dim):
+        return x.clone()
+    shifted = x - _shift(x, dim, zero_infinite=False)
+    return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))
 
 
 def two_pass_softmax(x: Tensor) -> Tensor:
@@ -82,8 +126,12 @@ def two_pass_softmax(x: Tensor) -> Tensor:
 
     Returns:
         ``(..., n)`` weights, equal to :func:`softmax`.
+
+    Example:
+        >>> two_pass_softmax(torch.tensor([0.0, 0.0])).tolist()
+        [0.5, 0.5]
     """
-    check_tensor("x", x, floating=True)
+    check_tensor("x", x, floating=True, min_dim=1)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
     for k in range(n):  # phase 1, read 1: running maximum
@@ -115,15 +163,28 @@ def softmax_jacobian(z: Tensor) -> Tensor:
         True
     """
     check_tensor("z", z, floating=True, min_dim=1)
-    s = softmax(z, dim=-1)
+    s = _softmax(z, -1)
     return torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)  # (..., n, n)
 
 
 def entropy(weights: Tensor, dim: int = -1) -> Tensor:
     r"""Shannon entropy :math:`-\sum_k p_k \log p_k` (nats) of distributions along ``dim``.
 
-    Zero weights contribute 0 (the limit of :math:`p \log p`), so masked positions are fine.
+    Zero weights contribute 0 (the limit of :math:`p \log p`), so masked positions and
+    the all-zero rows of a fully masked query are fine. A NaN weight gives NaN and a
+    negative one ``-inf``, as ``torch.special.entr`` defines them. An empty axis
+    gives 0.
+
+    Args:
+        weights: ``(..., n, ...)`` probabilities.
+        dim: the axis each distribution lies along.
+
+    Returns:
+        ``weights`` with ``dim`` removed.
+
+    Example:
+        >>> round(entropy(torch.tensor([0.5, 0.5, 0.0])).item(), 4)  # log 2
+        0.6931
     """
-    check_tensor("weights", weights, floating=True)
-    plogp = torch.where(weights > 0, weights * torch.log(weights), torch.zeros_like(weights))
-    return -plogp.sum(dim=dim)
+    _check("weights", weights, dim)
+    return torch.special.entr(weights).sum(dim=dim)  # entr(p) = -p log p, entr(0) = 0

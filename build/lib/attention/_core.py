@@ -1,0 +1,69 @@
+"""Unchecked computational pieces every attention kernel shares.
+
+One masked softmax, one grouped-query head expansion, one default scale and one
+top-left causal mask, so no kernel writes its own copy. Nothing here validates its
+arguments: the public functions check once at the boundary (``_checks.py``) and then
+call these.
+
+Shape legend: ``b`` batch (any number of leading dims ``...``), ``h`` query heads,
+``h_kv`` key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key
+size, ``e`` value size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .softmax import _softmax
+
+
+def default_scale(scale: float | None, d: int) -> float:
+    """``scale`` as a float, or :math:`1/\\sqrt{d}` when None (1.0 when ``d = 0``, where
+    every score is an empty sum, 0, whatever the scale)."""
+    if scale is not None:
+        return float(scale)
+    return 1.0 / math.sqrt(d) if d > 0 else 1.0
+
+
+def expand_kv_heads(t: Tensor, num_query_heads: int) -> Tensor:
+    """Repeat each key/value head for its group of query heads (grouped-query attention).
+
+    ``t`` is ``(..., h_kv, j, *)`` with ``num_query_heads`` a multiple of ``h_kv``; key
+    head ``g`` serves query heads ``g*r ... g*r + r - 1`` with ``r = h / h_kv`` (the layout
+    of ``enable_gqa`` in torch and of Hugging Face's ``repeat_kv``). Returns
+    ``(..., h, j, *)`` (``t`` itself when ``r = 1``).
+    """
+    num_repeats = num_query_heads // t.shape[-3]
+    if num_repeats == 1:
+        return t
+    return t.repeat_interleave(num_repeats, dim=-3)
+
+
+def top_left_causal(i: int, j: int, device=None) -> Tensor:
+    """``(i, j)`` boolean mask, True where key ``k <= q`` (``is_causal=True`` in torch)."""
+    return torch.ones(i, j, dtype=torch.bool, device=device).tril()
+
+
+def masked_softmax(scores: Tensor, attn_mask: Tensor | None = None, dim: int = -1) -> Tensor:
+    """Softmax of ``scores`` along ``dim`` after applying ``attn_mask``; dead rows give zeros.
+
+    ``attn_mask`` is boolean (**True = may attend**) or float (added to the scores) and
+    broadcasts to ``scores``. A boolean mask is applied as an additive one (0 or -inf),
+    exactly as PyTorch's reference path does, so a NaN score stays NaN even where masked.
+    A slice along ``dim`` whose scores are all ``-inf`` (no visible key, or no key at
+    all) gets zero weights, as ``torch.nn.functional.scaled_dot_product_attention``
+    gives: its scores are replaced by zeros before the softmax (so the backward pass
+    stays finite) and the weights zeroed after.
+    """
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=scores.dtype).masked_fill(
+                ~attn_mask, float("-inf")
+            )
+        scores = scores + attn_mask.to(scores.dtype)  # a float32 mask on float64 scores
+    dead = torch.isneginf(scores).all(dim=dim, keepdim=True)  # (..., 1, ...) along dim
+    scores = scores.masked_fill(dead, 0.0)
+    return _softmax(scores, dim).masked_fill(dead, 0.0)
