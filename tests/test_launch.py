@@ -145,7 +145,13 @@ def test_a_chapter_runs_on_a_fresh_environment_without_the_package(tmp_path):
     (site / "course-deps.pth").write_text(str(purelib) + "\n")
     python = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
-    env.update(ATTENTION_COURSE_SOURCE=str(ROOT), PIP_NO_INDEX="1",
+    # pip builds a local source in place (a build/ folder): give it a copy of the package.
+    source = tmp_path / "checkout"
+    shutil.copytree(ROOT / "src", source / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    env.update(ATTENTION_COURSE_SOURCE=str(source), PIP_NO_INDEX="1",
                PIP_NO_BUILD_ISOLATION="0", PYTHONNOUSERSITE="1")
     probe = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attention'))"],
                            cwd=work, env=env, capture_output=True, text=True, check=True)
