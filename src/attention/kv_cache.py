@@ -64,10 +64,9 @@ class KVCache(LinearCache):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.max_len = check_int("max_len", max_len, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
+        self._keep_sizes(
+            batch_size=batch_size, max_len=max_len, num_kv_heads=num_kv_heads, head_dim=head_dim
+        )
         shape = (self.batch_size, self.num_kv_heads, self.max_len, self.head_dim)
         self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, max_len, d) each
         self.length = 0

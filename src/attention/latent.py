@@ -75,10 +75,10 @@ class LatentKVCache(LinearCache):
 
     def __init__(self, batch_size: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int,
                  *, dtype: torch.dtype | None = None, device=None) -> None:
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.max_len = check_int("max_len", max_len, minimum=1)
-        self.kv_lora_rank = check_int("kv_lora_rank", kv_lora_rank, minimum=1)
-        self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
+        self._keep_sizes(
+            ("qk_rope_head_dim",), batch_size=batch_size, max_len=max_len,
+            kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+        )
         dtype, device = buffer_kind(dtype, device)
         width = self.kv_lora_rank + self.qk_rope_head_dim
         self.buffer = torch.zeros(self.batch_size, self.max_len, width, dtype=dtype, device=device)

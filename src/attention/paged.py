@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ._cache import CacheBuffers, check_new_kv, zero_buffers
-from ._checks import check_int, check_tensor
+from ._checks import check_tensor
 from .scaled_dot_product import scaled_dot_product_attention
 
 __all__ = ["PagedKVCache"]
@@ -83,10 +83,10 @@ class PagedKVCache(CacheBuffers):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
-        self.block_size = check_int("block_size", block_size, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
+        self._keep_sizes(
+            num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+        )
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         self.keys, self.values = zero_buffers(shape, dtype, device)  # (blocks, s, h_kv, d) each
         self.free_blocks: list[int] = list(range(self.num_blocks))

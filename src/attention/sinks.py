@@ -252,11 +252,10 @@ class StreamingKVCache(CacheBuffers):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.num_sink = check_int("num_sink", num_sink, minimum=0)
-        self.window = check_int("window", window, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
+        self._keep_sizes(
+            ("num_sink",), batch_size=batch_size, num_sink=num_sink, window=window,
+            num_kv_heads=num_kv_heads, head_dim=head_dim,
+        )
         slots = self.num_sink + self.window
         shape = (self.batch_size, self.num_kv_heads, slots, self.head_dim)
         self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, s + w, d) each
