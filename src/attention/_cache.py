@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_device, check_dtype, check_int, check_tensor
+from ._checks import check_device, check_dtype, check_tensor
 
 
 def buffer_kind(dtype, device) -> tuple[torch.dtype, torch.device | None]:
@@ -55,12 +55,6 @@ def check_new_kv(key, value, layout: str, owner: str | None = None,
 class CacheBuffers:
     """``dtype``, ``device`` and ``nbytes`` of a cache whose tensors :meth:`_buffers` lists
     (``keys`` and ``values`` unless a subclass says otherwise)."""
-
-    def _keep_sizes(self, zero_ok: tuple[str, ...] = (), **sizes: int) -> None:
-        """Check each size (an int >= 1, or >= 0 if named in ``zero_ok``), in the order
-        given, and keep it as the attribute of that name."""
-        for name, value in sizes.items():
-            setattr(self, name, check_int(name, value, minimum=0 if name in zero_ok else 1))
 
     def _buffers(self) -> tuple[Tensor, ...]:
         return self.keys, self.values

@@ -34,6 +34,7 @@ from ._checks import (
     check_int,
     check_like,
     check_mask,
+    check_sizes,
     check_tensor,
     check_value,
 )
@@ -275,10 +276,9 @@ class MultiDimensionalAttention(nn.Module):
     def __init__(self, d_q: int, d_k: int, d_v: int, d_hidden: int, *,
                  activation: str | None = "tanh"):
         super().__init__()
-        self.d_q = check_int("d_q", d_q, minimum=1)
-        self.d_k = check_int("d_k", d_k, minimum=1)
-        self.d_v = check_int("d_v", d_v, minimum=1)
-        self.d_hidden = check_int("d_hidden", d_hidden, minimum=1)
+        self.d_q, self.d_k, self.d_v, self.d_hidden = check_sizes(
+            d_q=d_q, d_k=d_k, d_v=d_v, d_hidden=d_hidden
+        )
         get_activation(activation)
         self.activation = activation
         self.w_query = nn.Parameter(torch.empty(self.d_hidden, self.d_q))

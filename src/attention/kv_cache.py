@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ._cache import LinearCache, check_new_kv, zero_buffers
-from ._checks import check_dtype, check_int
+from ._checks import check_dtype, check_int, check_sizes
 from .masks import causal_mask
 
 # kv_cache_bytes_per_token is imported from this module (chapter 06 does).
@@ -64,7 +64,7 @@ class KVCache(LinearCache):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self._keep_sizes(
+        self.batch_size, self.max_len, self.num_kv_heads, self.head_dim = check_sizes(
             batch_size=batch_size, max_len=max_len, num_kv_heads=num_kv_heads, head_dim=head_dim
         )
         shape = (self.batch_size, self.num_kv_heads, self.max_len, self.head_dim)

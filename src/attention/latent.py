@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._cache import LinearCache, buffer_kind
-from ._checks import check_bool, check_int, check_real, check_tensor
+from ._checks import check_bool, check_int, check_real, check_sizes, check_tensor
 from .masks import decoding_mask
 from .positional import apply_rope
 
@@ -75,10 +75,11 @@ class LatentKVCache(LinearCache):
 
     def __init__(self, batch_size: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int,
                  *, dtype: torch.dtype | None = None, device=None) -> None:
-        self._keep_sizes(
-            ("qk_rope_head_dim",), batch_size=batch_size, max_len=max_len,
+        sizes = check_sizes(
+            zero_ok=("qk_rope_head_dim",), batch_size=batch_size, max_len=max_len,
             kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
         )
+        self.batch_size, self.max_len, self.kv_lora_rank, self.qk_rope_head_dim = sizes
         dtype, device = buffer_kind(dtype, device)
         width = self.kv_lora_rank + self.qk_rope_head_dim
         self.buffer = torch.zeros(self.batch_size, self.max_len, width, dtype=dtype, device=device)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ._cache import CacheBuffers, check_new_kv, zero_buffers
-from ._checks import check_tensor
+from ._checks import check_sizes, check_tensor
 from .scaled_dot_product import scaled_dot_product_attention
 
 __all__ = ["PagedKVCache"]
@@ -83,7 +83,7 @@ class PagedKVCache(CacheBuffers):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self._keep_sizes(
+        self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = check_sizes(
             num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
             head_dim=head_dim,
         )

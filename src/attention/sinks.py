@@ -30,6 +30,7 @@ from ._cache import CacheBuffers, check_new_kv, zero_buffers
 from ._checks import (
     check_int,
     check_same_device,
+    check_sizes,
     check_tensor,
     validate_attention,
     validate_weights,
@@ -252,10 +253,11 @@ class StreamingKVCache(CacheBuffers):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self._keep_sizes(
-            ("num_sink",), batch_size=batch_size, num_sink=num_sink, window=window,
+        sizes = check_sizes(
+            zero_ok=("num_sink",), batch_size=batch_size, num_sink=num_sink, window=window,
             num_kv_heads=num_kv_heads, head_dim=head_dim,
         )
+        self.batch_size, self.num_sink, self.window, self.num_kv_heads, self.head_dim = sizes
         slots = self.num_sink + self.window
         shape = (self.batch_size, self.num_kv_heads, slots, self.head_dim)
         self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, s + w, d) each
