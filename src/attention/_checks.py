@@ -17,6 +17,7 @@ size, ``e`` value size.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -50,6 +51,15 @@ def check_size(name: str, value, *, minimum: int = 1) -> int:
     return check_int(name, value, minimum=minimum)
 
 
+def check_sizes(*, zero_ok: tuple[str, ...] = (), **sizes) -> tuple[int, ...]:
+    """Several sizes at once, checked in the order given: ints ``>= 1`` (``>= 0`` for the
+    names in ``zero_ok``). ``self.d_q, self.d_k = check_sizes(d_q=d_q, d_k=d_k)``."""
+    return tuple(
+        check_size(name, value, minimum=0 if name in zero_ok else 1)
+        for name, value in sizes.items()
+    )
+
+
 def check_real(name: str, value, *, allow_none: bool = False) -> float | None:
     """Require a real number (int or float, not bool, not a tensor); NaN and inf pass."""
     if value is None and allow_none:
@@ -58,6 +68,14 @@ def check_real(name: str, value, *, allow_none: bool = False) -> float | None:
         wanted = "a float or None" if allow_none else "a float"
         raise TypeError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
     return float(value)
+
+
+def check_positive(name: str, value) -> float:
+    """A finite real number ``> 0`` (a base, a cap)."""
+    value = check_real(name, value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return value
 
 
 def check_scale(scale) -> float | None:

@@ -34,6 +34,7 @@ from ._checks import (
     check_int,
     check_like,
     check_mask,
+    check_sizes,
     check_tensor,
     check_value,
 )
@@ -83,6 +84,19 @@ def _attention_inputs(query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: 
         if single:
             attn_mask = attn_mask.unsqueeze(-2)  # (b, 1, j)
     return query, value, attn_mask, single
+
+
+def _hidden_inputs(score, query, key, value, attn_mask, *, d_v: int | None, weight: Tensor):
+    """:func:`_attention_inputs`, then the ``(b, i, j, a)`` hidden layer of ``score`` (a
+    module with ``d_q``, ``d_k``, ``w_query``, ``w_key``, ``bias`` and ``activation``).
+
+    Returns ``(hidden, value, attn_mask, single)``.
+    """
+    query, value, attn_mask, single = _attention_inputs(
+        query, key, value, attn_mask, d_q=score.d_q, d_k=score.d_k, d_v=d_v, weight=weight)
+    act = get_activation(score.activation)
+    hidden = _additive_hidden(query, key, score.w_query, score.w_key, score.bias, act)
+    return hidden, value, attn_mask, single
 
 
 class AdditiveAttention(nn.Module):
@@ -135,13 +149,9 @@ class AdditiveAttention(nn.Module):
             ``(b, i, e)`` and ``(b, i, j)`` for a sequence. Masked weights are exactly
             zero; a query with no visible key gets zero weights and a zero context.
         """
-        score = self.score
-        query, value, attn_mask, single = _attention_inputs(
-            query, key, value, attn_mask, d_q=score.d_q, d_k=score.d_k, d_v=self.d_v,
-            weight=score.v)
-        act = get_activation(score.activation)
-        hidden = _additive_hidden(query, key, score.w_query, score.w_key, score.bias, act)
-        weights = masked_softmax(hidden @ score.v, attn_mask)  # (b, i, j)
+        hidden, value, attn_mask, single = _hidden_inputs(
+            self.score, query, key, value, attn_mask, d_v=self.d_v, weight=self.score.v)
+        weights = masked_softmax(hidden @ self.score.v, attn_mask)  # (b, i, j)
         context = weights @ value  # (b, i, e)
         if single:
             return context.squeeze(-2), weights.squeeze(-2)
@@ -275,10 +285,9 @@ class MultiDimensionalAttention(nn.Module):
     def __init__(self, d_q: int, d_k: int, d_v: int, d_hidden: int, *,
                  activation: str | None = "tanh"):
         super().__init__()
-        self.d_q = check_int("d_q", d_q, minimum=1)
-        self.d_k = check_int("d_k", d_k, minimum=1)
-        self.d_v = check_int("d_v", d_v, minimum=1)
-        self.d_hidden = check_int("d_hidden", d_hidden, minimum=1)
+        self.d_q, self.d_k, self.d_v, self.d_hidden = check_sizes(
+            d_q=d_q, d_k=d_k, d_v=d_v, d_hidden=d_hidden
+        )
         get_activation(activation)
         self.activation = activation
         self.w_query = nn.Parameter(torch.empty(self.d_hidden, self.d_q))
@@ -293,12 +302,8 @@ class MultiDimensionalAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor | None = None, *,
                 attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        query, value, attn_mask, single = _attention_inputs(
-            query, key, value, attn_mask, d_q=self.d_q, d_k=self.d_k, d_v=self.d_v,
-            weight=self.w_query)
-        act = get_activation(self.activation)
-        hidden = _additive_hidden(query, key, self.w_query, self.w_key, self.bias,
-                                  act)  # (b, i, j, a)
+        hidden, value, attn_mask, single = _hidden_inputs(
+            self, query, key, value, attn_mask, d_v=self.d_v, weight=self.w_query)  # (b, i, j, a)
         scores = hidden @ self.w_out.transpose(0, 1) + self.out_bias  # (b, i, j, d_v)
         if attn_mask is not None:
             attn_mask = attn_mask.unsqueeze(-1)  # (b, i, j, 1)

@@ -36,6 +36,7 @@ from ._checks import (
     check_like,
     check_mask,
     check_real,
+    check_sizes,
     check_tensor,
     check_value,
 )
@@ -349,8 +350,7 @@ class LocalAlignment(nn.Module):
 
     def __init__(self, d_q: int, d_hidden: int, half_width: float, *, sigma: float | None = None):
         super().__init__()
-        self.d_q = check_int("d_q", d_q, minimum=1)
-        self.d_hidden = check_int("d_hidden", d_hidden, minimum=1)
+        self.d_q, self.d_hidden = check_sizes(d_q=d_q, d_hidden=d_hidden)
         self.half_width = _check_half_width(half_width)
         self.sigma = self.half_width / 2 if sigma is None else check_real("sigma", sigma)
         if not self.sigma >= 0:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int
+from ._checks import check_bool, check_sizes
 from .self_attention import _attend, _check_features, _check_options
 
 __all__ = ["CrossAttention"]
@@ -52,10 +52,9 @@ class CrossAttention(nn.Module):
     def __init__(self, d_q_in: int, d_kv_in: int, d_out_kq: int, d_out_v: int, *,
                  bias: bool = False):
         super().__init__()
-        self.d_q_in = check_int("d_q_in", d_q_in, minimum=1)
-        self.d_kv_in = check_int("d_kv_in", d_kv_in, minimum=1)
-        self.d_out_kq = check_int("d_out_kq", d_out_kq, minimum=1)
-        self.d_out_v = check_int("d_out_v", d_out_v, minimum=1)
+        self.d_q_in, self.d_kv_in, self.d_out_kq, self.d_out_v = check_sizes(
+            d_q_in=d_q_in, d_kv_in=d_kv_in, d_out_kq=d_out_kq, d_out_v=d_out_v
+        )
         check_bool("bias", bias)
         self.w_query = nn.Linear(self.d_q_in, self.d_out_kq, bias=bias)
         self.w_key = nn.Linear(self.d_kv_in, self.d_out_kq, bias=bias)

@@ -24,14 +24,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_device, check_dtype, check_int, check_tensor
+from ._cache import LinearCache, check_new_kv, zero_buffers
+from ._checks import check_dtype, check_int, check_sizes
 from .masks import causal_mask
 
 # kv_cache_bytes_per_token is imported from this module (chapter 06 does).
 __all__ = ["KVCache"]
 
 
-class KVCache:
+class KVCache(LinearCache):
     """Preallocated keys and values of the positions decoded so far.
 
     Args:
@@ -63,41 +64,11 @@ class KVCache:
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.max_len = check_int("max_len", max_len, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
-        dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype, floating=True)
-        device = check_device("device", device)
+        self.batch_size, self.max_len, self.num_kv_heads, self.head_dim = check_sizes(
+            batch_size=batch_size, max_len=max_len, num_kv_heads=num_kv_heads, head_dim=head_dim
+        )
         shape = (self.batch_size, self.num_kv_heads, self.max_len, self.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d)
-        self.length = 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.keys.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.keys.device
-
-    @property
-    def remaining(self) -> int:
-        """Positions that still fit."""
-        return self.max_len - self.length
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the two buffers (allocated up front, whatever ``length`` is)."""
-        return self.keys.nbytes + self.values.nbytes
-
-    def reset(self) -> None:
-        """Forget every stored position (the buffers are kept and overwritten later).
-
-        The batch size, capacity, heads, dtype and device stay those of the cache; for
-        others build a new one (``KVCache(...)`` or ``MultiHeadAttention.new_cache``).
-        """
+        self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, max_len, d) each
         self.length = 0
 
     def _check_update(self, batch_size: int, num_new: int, num_kv_heads: int, head_dim: int,
@@ -114,11 +85,7 @@ class KVCache:
                 f"the cache holds {self.num_kv_heads} key/value heads of size {self.head_dim}, "
                 f"got {num_kv_heads} heads of size {head_dim}"
             )
-        if num_new > self.remaining:
-            raise ValueError(
-                f"the cache holds at most max_len={self.max_len} positions: {self.length} are "
-                f"stored and {num_new} more do not fit"
-            )
+        self._check_fits(num_new)
         if dtype != self.dtype:
             raise TypeError(f"the cache stores {self.dtype}, got keys and values of {dtype}")
         if device != self.device:
@@ -151,15 +118,7 @@ class KVCache:
                 while autograd is on.
             TypeError: for non-tensors or another dtype.
         """
-        for name, t in (("key", key), ("value", value)):
-            check_tensor(name, t, floating=True)
-            if t.dim() != 4:
-                raise ValueError(f"{name} must have shape (b, h_kv, n, d), got {tuple(t.shape)}")
-        if key.shape != value.shape:
-            raise ValueError(
-                f"key and value must have the same shape, got {tuple(key.shape)} and "
-                f"{tuple(value.shape)}"
-            )
+        check_new_kv(key, value, "(b, h_kv, n, d)")
         if key.dtype != value.dtype or key.device != value.device:
             raise TypeError(
                 f"key and value must share a dtype and device, got {key.dtype} on {key.device} "

@@ -38,14 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_int, check_real, check_tensor
+from ._cache import LinearCache, buffer_kind
+from ._checks import check_bool, check_int, check_real, check_sizes, check_tensor
 from .masks import decoding_mask
 from .positional import apply_rope
 
 __all__ = ["LatentKVCache", "MultiHeadLatentAttention"]
 
 
-class LatentKVCache:
+class LatentKVCache(LinearCache):
     """The MLA cache: per token, the latent ``c`` (``r`` values) and the rotary key (``q`` values).
 
     Nothing else is stored: one buffer of ``(b, max_len, r + q)`` whose first ``r``
@@ -74,13 +75,12 @@ class LatentKVCache:
 
     def __init__(self, batch_size: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int,
                  *, dtype: torch.dtype | None = None, device=None) -> None:
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.max_len = check_int("max_len", max_len, minimum=1)
-        self.kv_lora_rank = check_int("kv_lora_rank", kv_lora_rank, minimum=1)
-        self.qk_rope_head_dim = check_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
-        dtype = torch.get_default_dtype() if dtype is None else dtype
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+        sizes = check_sizes(
+            zero_ok=("qk_rope_head_dim",), batch_size=batch_size, max_len=max_len,
+            kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+        )
+        self.batch_size, self.max_len, self.kv_lora_rank, self.qk_rope_head_dim = sizes
+        dtype, device = buffer_kind(dtype, device)
         width = self.kv_lora_rank + self.qk_rope_head_dim
         self.buffer = torch.zeros(self.batch_size, self.max_len, width, dtype=dtype, device=device)
         self.length = 0
@@ -106,27 +106,8 @@ class LatentKVCache:
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         return (r + q) * dtype.itemsize * num_layers
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.buffer.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.buffer.device
-
-    @property
-    def remaining(self) -> int:
-        """Positions that still fit."""
-        return self.max_len - self.length
-
-    @property
-    def nbytes(self) -> int:
-        """Allocated bytes: ``batch_size * max_len * (r + q) * itemsize``."""
-        return self.buffer.nbytes
-
-    def reset(self) -> None:
-        """Forget every stored position."""
-        self.length = 0
+    def _buffers(self) -> tuple[Tensor, ...]:
+        return (self.buffer,)
 
     def update(self, latent: Tensor, rope_key: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``n`` positions; return the latents and rotary keys of all positions so far.
@@ -154,11 +135,7 @@ class LatentKVCache:
             raise ValueError(
                 f"latent and rope_key must have the same positions, got {n} and {rope_key.shape[1]}"
             )
-        if n > self.remaining:
-            raise ValueError(
-                f"the cache holds at most max_len={self.max_len} positions: {self.length} are "
-                f"stored and {n} more do not fit"
-            )
+        self._check_fits(n)
         start, stop = self.length, self.length + n
         self.buffer[:, start:stop, :r] = latent
         self.buffer[:, start:stop, r:] = rope_key
@@ -342,11 +319,7 @@ class MultiHeadLatentAttention(nn.Module):
                 f"the cache stores {cache.dtype} on {cache.device}, the module computes in "
                 f"{weight.dtype} on {weight.device}"
             )
-        if n > cache.remaining:
-            raise ValueError(
-                f"the cache holds at most max_len={cache.max_len} positions: {cache.length} "
-                f"are stored and {n} more do not fit"
-            )
+        cache._check_fits(n)
 
     def forward(
         self,

@@ -23,22 +23,13 @@ gradients vanish, a known source of loss spikes in large models. Two remedies:
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from ._checks import check_real, check_tensor, validate_attention
+from ._checks import check_positive, check_real, check_tensor, validate_attention
 from ._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
 
 __all__ = ["soft_cap", "qk_norm"]
-
-
-def _check_cap(cap) -> float:
-    cap = check_real("cap", cap)
-    if not (math.isfinite(cap) and cap > 0):
-        raise ValueError(f"cap must be finite and > 0, got {cap}")
-    return cap
 
 
 def soft_cap(scores: Tensor, cap: float) -> Tensor:
@@ -60,7 +51,7 @@ def soft_cap(scores: Tensor, cap: float) -> Tensor:
         [0.0, 0.987, 5.0]
     """
     check_tensor("scores", scores, floating=True)
-    cap = _check_cap(cap)
+    cap = check_positive("cap", cap)
     return cap * torch.tanh(scores / cap)
 
 
@@ -145,7 +136,7 @@ def softcap_attention(
     """
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if cap is not None:
-        cap = _check_cap(cap)
+        cap = check_positive("cap", cap)
     if enable_gqa:
         key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
         value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)

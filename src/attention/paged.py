@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_tensor
+from ._cache import CacheBuffers, check_new_kv, zero_buffers
+from ._checks import check_sizes, check_tensor
 from .scaled_dot_product import scaled_dot_product_attention
 
 __all__ = ["PagedKVCache"]
@@ -44,7 +45,7 @@ class _PoolExhausted(ValueError, RuntimeError):
     """The pool has too few free blocks for a request (a ``ValueError`` and ``RuntimeError``)."""
 
 
-class PagedKVCache:
+class PagedKVCache(CacheBuffers):
     """Keys and values of many sequences in one pool of fixed-size blocks.
 
     Args:
@@ -82,35 +83,18 @@ class PagedKVCache:
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.num_blocks = check_int("num_blocks", num_blocks, minimum=1)
-        self.block_size = check_int("block_size", block_size, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
-        dtype = torch.get_default_dtype() if dtype is None else dtype
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+        self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = check_sizes(
+            num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+        )
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (blocks, s, h_kv, d)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (blocks, s, h_kv, d)
+        self.keys, self.values = zero_buffers(shape, dtype, device)  # (blocks, s, h_kv, d) each
         self.free_blocks: list[int] = list(range(self.num_blocks))
         self.block_tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
         self._next_id = 0
 
     # ------------------------------------------------------------------ bookkeeping
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.keys.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.keys.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the whole pool (keys and values), allocated up front."""
-        return self.keys.nbytes + self.values.nbytes
 
     @property
     def bytes_per_block(self) -> int:
@@ -177,19 +161,7 @@ class PagedKVCache:
                 ``RuntimeError``); nothing is written then.
         """
         self._check_id(seq_id)
-        for name, t in (("key", key), ("value", value)):
-            check_tensor(name, t, floating=True)
-            if t.dim() != 3:
-                raise ValueError(f"{name} must have shape (h_kv, n, d), got {tuple(t.shape)}")
-            if t.dtype != self.dtype:
-                raise TypeError(f"the pool stores {self.dtype}, got {name} of dtype {t.dtype}")
-            if t.device != self.device:
-                raise ValueError(f"the pool lives on {self.device}, got {name} on {t.device}")
-        if key.shape != value.shape:
-            raise ValueError(
-                f"key and value must have the same shape, got {tuple(key.shape)} and "
-                f"{tuple(value.shape)}"
-            )
+        check_new_kv(key, value, "(h_kv, n, d)", "the pool", self.keys)
         h_kv, n, d = key.shape
         if (h_kv, d) != (self.num_kv_heads, self.head_dim):
             raise ValueError(

@@ -42,7 +42,7 @@ from ._checks import (
     check_device,
     check_dtype,
     check_int,
-    check_real,
+    check_positive,
     check_same_device,
     check_tensor,
 )
@@ -73,10 +73,7 @@ def _check_feature_size(d, name: str = "d") -> int:
 
 
 def _check_base(base) -> float:
-    base = check_real("base", base)
-    if not (math.isfinite(base) and base > 0):
-        raise ValueError(f"base must be finite and > 0, got {base}")
-    return base
+    return check_positive("base", base)
 
 
 def _check_dtype(dtype) -> torch.dtype:
@@ -107,9 +104,7 @@ def _check_scaling(scaling, d: int) -> tuple[str, float] | None:
         raise ValueError(f"scaling type must be one of {_SCALING_TYPES}, got {kind!r}")
     if "factor" not in scaling:
         raise ValueError(f"scaling of type {kind!r} needs a 'factor'")
-    factor = check_real("scaling['factor']", scaling["factor"])
-    if not (math.isfinite(factor) and factor > 0):
-        raise ValueError(f"scaling['factor'] must be finite and > 0, got {factor}")
+    factor = check_positive("scaling['factor']", scaling["factor"])
     if kind == "ntk" and d == 2:
         raise ValueError("NTK scaling needs d >= 4: its exponent d / (d - 2) is undefined for d = 2")
     return kind, float(factor)

@@ -35,11 +35,11 @@ from torch import Tensor, nn
 from ._checks import (
     broadcast_shapes,
     check_bool,
-    check_int,
     check_like,
     check_qk,
     check_real,
     check_scale,
+    check_sizes,
     check_tensor,
 )
 from ._core import default_scale
@@ -348,8 +348,7 @@ class GeneralScore(nn.Module):
 
     def __init__(self, d_q: int, d_k: int, *, bias: bool = False, activation: str | None = None):
         super().__init__()
-        self.d_q = check_int("d_q", d_q, minimum=1)
-        self.d_k = check_int("d_k", d_k, minimum=1)
+        self.d_q, self.d_k = check_sizes(d_q=d_q, d_k=d_k)
         check_bool("bias", bias)
         get_activation(activation)  # fail early on an unknown name
         self.activation = activation
@@ -399,9 +398,7 @@ class AdditiveScore(nn.Module):
     def __init__(self, d_q: int, d_k: int, d_hidden: int, activation: str | None = "tanh",
                  *, bias: bool = True):
         super().__init__()
-        self.d_q = check_int("d_q", d_q, minimum=1)
-        self.d_k = check_int("d_k", d_k, minimum=1)
-        self.d_hidden = check_int("d_hidden", d_hidden, minimum=1)
+        self.d_q, self.d_k, self.d_hidden = check_sizes(d_q=d_q, d_k=d_k, d_hidden=d_hidden)
         check_bool("bias", bias)
         get_activation(activation)
         self.activation = activation

@@ -22,10 +22,10 @@ from torch import Tensor, nn
 from ._checks import (
     broadcast_shapes,
     check_bool,
-    check_int,
     check_like,
     check_mask,
     check_mask_or_causal,
+    check_sizes,
     check_tensor,
 )
 from .scaled_dot_product import _attention
@@ -99,9 +99,9 @@ class SelfAttention(nn.Module):
 
     def __init__(self, d_in: int, d_out_kq: int, d_out_v: int, *, bias: bool = False):
         super().__init__()
-        self.d_in = check_int("d_in", d_in, minimum=1)
-        self.d_out_kq = check_int("d_out_kq", d_out_kq, minimum=1)
-        self.d_out_v = check_int("d_out_v", d_out_v, minimum=1)
+        self.d_in, self.d_out_kq, self.d_out_v = check_sizes(
+            d_in=d_in, d_out_kq=d_out_kq, d_out_v=d_out_v
+        )
         check_bool("bias", bias)
         self.w_query = nn.Linear(self.d_in, self.d_out_kq, bias=bias)
         self.w_key = nn.Linear(self.d_in, self.d_out_kq, bias=bias)

@@ -26,9 +26,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._cache import CacheBuffers, check_new_kv, zero_buffers
 from ._checks import (
     check_int,
     check_same_device,
+    check_sizes,
     check_tensor,
     validate_attention,
     validate_weights,
@@ -205,7 +207,7 @@ def streaming_mask(n: int, num_sink: int, window: int, *, device=None) -> Tensor
     return (k <= q) & ((k < num_sink) | (q - k < window))  # (i, j)
 
 
-class StreamingKVCache:
+class StreamingKVCache(CacheBuffers):
     """A constant-size cache of the first ``s`` positions (sinks) and the last ``w``.
 
     Decoding through it equals dense attention with :func:`streaming_mask`: each query sees
@@ -251,33 +253,16 @@ class StreamingKVCache:
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.num_sink = check_int("num_sink", num_sink, minimum=0)
-        self.window = check_int("window", window, minimum=1)
-        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
-        self.head_dim = check_int("head_dim", head_dim, minimum=1)
-        dtype = torch.get_default_dtype() if dtype is None else dtype
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+        sizes = check_sizes(
+            zero_ok=("num_sink",), batch_size=batch_size, num_sink=num_sink, window=window,
+            num_kv_heads=num_kv_heads, head_dim=head_dim,
+        )
+        self.batch_size, self.num_sink, self.window, self.num_kv_heads, self.head_dim = sizes
         slots = self.num_sink + self.window
         shape = (self.batch_size, self.num_kv_heads, slots, self.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, s + w, d)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.positions = torch.full((slots,), -1, dtype=torch.long, device=device)  # (s + w,)
+        self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, s + w, d) each
+        self.positions = torch.full((slots,), -1, dtype=torch.long, device=self.device)  # (s + w,)
         self.length = 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.keys.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.keys.device
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the key and value buffers: constant, whatever the length."""
-        return self.keys.nbytes + self.values.nbytes
 
     def reset(self) -> None:
         """Forget every position."""
@@ -298,19 +283,7 @@ class StreamingKVCache:
             attention kernel with the ``n`` new queries. Then the cache keeps only the sinks
             and the last ``w`` positions.
         """
-        for name, t in (("key", key), ("value", value)):
-            check_tensor(name, t, floating=True)
-            if t.dim() != 4:
-                raise ValueError(f"{name} must have shape (b, h_kv, n, d), got {tuple(t.shape)}")
-            if t.dtype != self.dtype:
-                raise TypeError(f"the cache stores {self.dtype}, got {name} of dtype {t.dtype}")
-            if t.device != self.device:
-                raise ValueError(f"the cache lives on {self.device}, got {name} on {t.device}")
-        if key.shape != value.shape:
-            raise ValueError(
-                f"key and value must have the same shape, got {tuple(key.shape)} and "
-                f"{tuple(value.shape)}"
-            )
+        check_new_kv(key, value, "(b, h_kv, n, d)", "the cache", self.keys)
         b, h_kv, n, d = key.shape
         if (b, h_kv, d) != (self.batch_size, self.num_kv_heads, self.head_dim):
             raise ValueError(
