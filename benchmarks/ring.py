@@ -1,4 +1,4 @@
-"""Ring attention on P = 1, 2, 4 local processes: time and memory per rank (chapter 13).
+"""Ring attention on P = 1, 2, 4 local processes: time and memory per rank (chapter 14).
 
 One causal attention layer's forward and backward pass, fp32, batch 1, 4 heads,
 d = e = 64, N = 4096, tiles of 256 keys, sharded over P processes (gloo, one thread

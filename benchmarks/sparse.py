@@ -1,4 +1,4 @@
-"""Sparse attention that is efficient, not simulated (chapter 11).
+"""Sparse attention that is efficient, not simulated (chapter 12).
 
 1. Sliding window (window 128): ``attention.sliding_window_attention`` against the fused
    ``torch.nn.functional.scaled_dot_product_attention`` given the equivalent boolean

@@ -1,4 +1,4 @@
-"""Tiled exact attention against the materialised form: peak memory and time (chapter 12).
+"""Tiled exact attention against the materialised form: peak memory and time (chapter 13).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, 2 threads:
 

@@ -1,10 +1,10 @@
-"""Training memory of exact attention: forward + backward, three ways (chapter 13).
+"""Training memory of exact attention: forward + backward, three ways (chapter 14).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, blocks of 256 keys:
 
 * ``naive``: ``attention.scaled_dot_product_attention`` under autograd, which keeps the
   ``(h, N, N)`` scores and weights for the backward pass;
-* ``tiled_autograd``: the tiled forward recurrence of chapter 12 written with ordinary
+* ``tiled_autograd``: the tiled forward recurrence of chapter 13 written with ordinary
   tensor operations, so autograd differentiates through it and keeps every tile;
 * ``tiled``: ``attention.tiled_attention``, whose backward recomputes each tile from the
   saved log-sum-exp and keeps only q, k, v, the output and the log-sum-exp.
@@ -42,7 +42,7 @@ CONTENDERS = ["naive", "tiled_autograd", "tiled"]
 
 
 def tiled_autograd(q, k, v, block_size=BLOCK):
-    """Chapter 12's recurrence in plain differentiable operations: autograd keeps every tile."""
+    """Chapter 13's recurrence in plain differentiable operations: autograd keeps every tile."""
     scale = q.shape[-1] ** -0.5
     n = k.shape[-2]
     m = torch.full((*q.shape[:-1], 1), float("-inf"))

@@ -127,7 +127,7 @@ def test_a_chapter_runs_on_a_fresh_environment_without_the_package(tmp_path):
     spec.loader.exec_module(colab_cell)
     SOURCE = colab_cell.SOURCE
 
-    chapter = ROOT / "chapters" / "12_memory_efficient.ipynb"  # small, and plots saved results
+    chapter = ROOT / "chapters" / "13_memory_efficient.ipynb"  # small, and plots saved results
     nb = json.loads(chapter.read_text())
     first = next(c for c in nb["cells"] if c["cell_type"] == "code")
     assert "".join(first["source"]) == SOURCE, "the chapter's first code cell is not the install cell"

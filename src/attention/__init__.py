@@ -33,17 +33,17 @@ from .alignment import *  # noqa: F403  chapter 09
 from .additive import *  # noqa: F403  chapter 09
 from .feature_maps import *  # noqa: F403  chapter 10
 from .linear import *  # noqa: F403  chapter 10
-from .patterns import *  # noqa: F403  chapter 11
-from .sparse import *  # noqa: F403  chapter 11
-from .approximate import *  # noqa: F403  chapter 11
-from .tiled import *  # noqa: F403  chapter 12
-from .distributed import *  # noqa: F403  chapter 13
-from .sinks import *  # noqa: F403  chapter 14
-from .latent import *  # noqa: F403  chapter 14
-from .paged import *  # noqa: F403  chapter 14
-from .logits import *  # noqa: F403  chapter 14
-from .pretrained import *  # noqa: F403  chapter 15
-from .head_stats import *  # noqa: F403  chapter 15
+from .patterns import *  # noqa: F403  chapter 12
+from .sparse import *  # noqa: F403  chapter 12
+from .approximate import *  # noqa: F403  chapter 12
+from .tiled import *  # noqa: F403  chapter 13
+from .distributed import *  # noqa: F403  chapter 14
+from .sinks import *  # noqa: F403  chapter 15
+from .latent import *  # noqa: F403  chapter 15
+from .paged import *  # noqa: F403  chapter 15
+from .logits import *  # noqa: F403  chapter 15
+from .pretrained import *  # noqa: F403  chapter 16
+from .head_stats import *  # noqa: F403  chapter 16
 
 __version__ = "0.1.0"
 

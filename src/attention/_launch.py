@@ -1,4 +1,4 @@
-"""Run a function on P local processes joined in a gloo process group (chapter 13).
+"""Run a function on P local processes joined in a gloo process group (chapter 14).
 
 Kept apart from ``distributed.py``: this is plumbing (process start-up, a rendezvous
 store, time limits, clean-up), not attention. Every process is started with

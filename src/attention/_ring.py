@@ -1,4 +1,4 @@
-"""The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 13).
+"""The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 14).
 
 Private to :mod:`attention.distributed`, which validates the inputs, builds the schedule
 and calls :class:`_RingAttention`. Shapes: query ``(..., n_local, d)``, key

@@ -2,7 +2,7 @@
 
 Private to :func:`attention.sparse.block_sparse_attention`, which calls
 :func:`block_sparse_runs` first and takes its readable gather path when this returns
-``None``. Chapter 11 teaches the gather path; this module is what makes the same result
+``None``. Chapter 12 teaches the gather path; this module is what makes the same result
 fast for inference on a CPU, and ``benchmarks/sparse.py`` measures it.
 
 Shape legend: ``z`` the batch and head dims merged into one, ``i`` query positions, ``j``

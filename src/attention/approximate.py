@@ -1,4 +1,4 @@
-"""Content-based and low-rank approximations of attention (taught in chapter 11).
+"""Content-based and low-rank approximations of attention (taught in chapter 12).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``n`` sequence length (self-attention, ``i = j = n``),

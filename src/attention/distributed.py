@@ -1,4 +1,4 @@
-r"""Attention across processes: ring attention over ``torch.distributed`` (chapter 13).
+r"""Attention across processes: ring attention over ``torch.distributed`` (chapter 14).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``n`` the whole
 sequence's length, ``n_local = n / P`` the positions one rank holds, ``d`` query/key size,

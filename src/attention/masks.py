@@ -1,4 +1,4 @@
-"""Mask builders (taught in chapter 04; sparse patterns in chapter 11).
+"""Mask builders (taught in chapter 04; sparse patterns in chapter 12).
 
 Convention, everywhere in this package: a mask is **boolean and True means "may attend"**,
 as in ``torch.nn.functional.scaled_dot_product_attention``. It must broadcast to the

@@ -1,4 +1,4 @@
-"""Sparse attention patterns: which keys each query may see (taught in chapter 11).
+"""Sparse attention patterns: which keys each query may see (taught in chapter 12).
 
 Each builder returns a boolean mask, **True = may attend**, as in
 ``torch.nn.functional.scaled_dot_product_attention``; it broadcasts to the ``(b, h, i, j)``

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ._checks import check_bool, check_dim, check_tensor
 
-# softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 12, are imported
+# softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 13, are imported
 # from this module (``from attention.softmax import softmax_jacobian``).
 __all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
 
@@ -118,7 +118,7 @@ def two_pass_softmax(x: Tensor) -> Tensor:
     Phase 1 computes the normaliser: one pass for the maximum ``m``, one for
     ``sum_k exp(x_k - m)``; phase 2 writes each output. "Two-pass" names the two phases
     (normaliser, then scaling); counted as reads of the row, as Milakov and Gimelshein do,
-    this classic safe softmax reads it three times. Chapter 12's online softmax computes
+    this classic safe softmax reads it three times. Chapter 13's online softmax computes
     the maximum and the sum in one pass. The loops are explicit so the passes are visible.
 
     Args:

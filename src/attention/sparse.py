@@ -1,4 +1,4 @@
-"""Sparse attention that computes only the kept blocks (taught in chapter 11).
+"""Sparse attention that computes only the kept blocks (taught in chapter 12).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size; ``B`` is a block

@@ -1,4 +1,4 @@
-r"""Memory-efficient exact attention: the online softmax and tiled attention (chapters 12, 13).
+r"""Memory-efficient exact attention: the online softmax and tiled attention (chapters 13, 14).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads (``h_kv`` key/value
 heads), ``i`` query positions, ``j`` key positions, ``d`` query/key size, ``e`` value size,
@@ -15,10 +15,10 @@ sum is rescaled:
 
 Attention applies the same recurrence to a running output as well, one key/value block
 at a time :cite:`rabe2021self,dao2022flashattention`, so the ``(i, j)`` score matrix is
-never built: only ``(i, block)`` tiles are (chapter 12). The backward pass recomputes the
+never built: only ``(i, block)`` tiles are (chapter 13). The backward pass recomputes the
 tiles from the saved per-row log-sum-exp instead of storing them, as FlashAttention-2
 does :cite:`dao2023flashattention2`, so training memory is linear in the sequence too
-(chapter 13).
+(chapter 14).
 
 Mask convention: boolean, **True = may attend**, broadcastable to ``(..., i, j)``, as in
 ``torch.nn.functional.scaled_dot_product_attention``; a float mask is *added* to the
