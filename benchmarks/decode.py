@@ -1,4 +1,4 @@
-"""Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 15).
+"""Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 16).
 
 Setting: one attention layer, batch 1, embed 512, 8 heads, fp32, ``torch.set_num_threads(1)``,
 ``torch.inference_mode()``. For each context length ``L`` the task is the same: produce the

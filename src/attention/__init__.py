@@ -38,12 +38,12 @@ from .sparse import *  # noqa: F403  chapter 12
 from .approximate import *  # noqa: F403  chapter 12
 from .tiled import *  # noqa: F403  chapter 13
 from .distributed import *  # noqa: F403  chapter 14
-from .sinks import *  # noqa: F403  chapter 15
-from .latent import *  # noqa: F403  chapter 15
-from .paged import *  # noqa: F403  chapter 15
-from .logits import *  # noqa: F403  chapter 15
-from .pretrained import *  # noqa: F403  chapter 16
-from .head_stats import *  # noqa: F403  chapter 16
+from .sinks import *  # noqa: F403  chapter 16
+from .latent import *  # noqa: F403  chapter 16
+from .paged import *  # noqa: F403  chapter 16
+from .logits import *  # noqa: F403  chapter 16
+from .pretrained import *  # noqa: F403  chapter 17
+from .head_stats import *  # noqa: F403  chapter 17
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Model-agnostic statistics of attention maps, per layer and head (chapter 16).
+"""Model-agnostic statistics of attention maps, per layer and head (chapter 17).
 
 Each function takes weights ``(..., h, i, j)`` (or ``(..., i, j)``), e.g. the maps of one
 sentence stacked over a model's layers, ``(num_layers, h, i, j)``, and reduces the query

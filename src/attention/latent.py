@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) and its compressed cache (chapter 15).
+"""Multi-head latent attention (DeepSeek-V2/V3) and its compressed cache (chapter 16).
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions
 (cached ones included), ``n`` new positions, ``r`` = ``kv_lora_rank`` (the latent size),

@@ -39,7 +39,7 @@ from .kv_cache import KVCache
 from .positional import _apply_rope, _check_base, _check_positions
 from .scaled_dot_product import _attention
 
-# split_heads and merge_heads are imported from this module by chapters 06 and 16.
+# split_heads and merge_heads are imported from this module by chapters 06 and 17.
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
 
 

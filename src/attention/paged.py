@@ -1,4 +1,4 @@
-"""A paged key/value cache: fixed-size blocks, a free list, a block table per sequence (chapter 15).
+"""A paged key/value cache: fixed-size blocks, a free list, a block table per sequence (chapter 16).
 
 Shape legend: ``b`` batch (sequences decoded together), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` head size, ``s`` block

@@ -1,4 +1,4 @@
-"""Attention in a real pretrained model: all-MiniLM-L6-v2 (chapter 16).
+"""Attention in a real pretrained model: all-MiniLM-L6-v2 (chapter 17).
 
 all-MiniLM-L6-v2 is a BERT-style encoder (6 layers, 12 heads, hidden size 384, head size
 32) distilled with MiniLM and fine-tuned as a sentence embedder. This module loads it

@@ -1,4 +1,4 @@
-"""Attention sinks: learned sink logits (gpt-oss) and the StreamingLLM cache (chapter 15).
+"""Attention sinks: learned sink logits (gpt-oss) and the StreamingLLM cache (chapter 16).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size,
