@@ -17,15 +17,16 @@ import math
 import torch
 from torch import Tensor
 
-from .softmax import _softmax
-
 
 def default_scale(scale: float | None, d: int) -> float:
-    """``scale`` as a float, or :math:`1/\\sqrt{d}` when None (1.0 when ``d = 0``, where
-    every score is an empty sum, 0, whatever the scale)."""
-    if scale is not None:
-        return float(scale)
-    return 1.0 / math.sqrt(d) if d > 0 else 1.0
+    """``scale`` as a float, or :math:`1/\\sqrt{d}` when None; 1.0 when ``d = 0``, where
+    every score is an empty sum, 0, whatever the scale (even NaN or inf, as in torch).
+
+    The one default-scale rule of the package: every kernel calls it.
+    """
+    if d == 0:
+        return 1.0
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
 def expand_kv_heads(t: Tensor, num_query_heads: int) -> Tensor:
@@ -67,3 +68,58 @@ def masked_softmax(scores: Tensor, attn_mask: Tensor | None = None, dim: int = -
     dead = torch.isneginf(scores).all(dim=dim, keepdim=True)  # (..., 1, ...) along dim
     scores = scores.masked_fill(dead, 0.0)
     return _softmax(scores, dim).masked_fill(dead, 0.0)
+
+
+# --------------------------------------------------------------------------- the softmax
+
+
+def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
+    """Row maximum used as the shift; a row whose maximum is ``-inf`` gets a shift of 0.
+
+    ``zero_infinite`` also zeroes a ``+inf`` maximum, which :func:`logsumexp` needs
+    (``logsumexp([inf, 1]) = inf``) and the softmax must not do (``softmax([inf, 1])`` is
+    NaN in torch: ``inf - inf``). The shift is detached: softmax is invariant to it, so
+    its gradient contribution is exactly zero and detaching only saves work.
+    """
+    m = x.detach().amax(dim=dim, keepdim=True)
+    drop = torch.isinf(m) if zero_infinite else torch.isneginf(m)
+    return m.masked_fill(drop, 0.0)
+
+
+def _empty(x: Tensor, dim: int) -> bool:
+    """Whether the axis ``dim`` has no entries (a 0-dim tensor counts as one entry)."""
+    return x.dim() > 0 and x.shape[dim] == 0
+
+
+def _softmax(x: Tensor, dim: int) -> Tensor:
+    """Unchecked core of :func:`softmax`."""
+    if _empty(x, dim):  # nothing to normalise (amax would refuse the empty axis)
+        return x.clone()
+    z = torch.exp(x - _shift(x, dim, zero_infinite=False))
+    return z / z.sum(dim=dim, keepdim=True)
+
+
+# --------------------------------------------------------------------------- the reference kernel
+
+
+def _weights(query, key, attn_mask, is_causal, scale, enable_gqa) -> Tensor:
+    """Unchecked core of :func:`attention_weights`: ``(..., h, i, j)`` weights."""
+    if enable_gqa:
+        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
+    scale = default_scale(scale, query.shape[-1])
+    scores = (query @ key.transpose(-2, -1)) * scale  # (..., h, i, j)
+    if is_causal:
+        attn_mask = top_left_causal(query.shape[-2], key.shape[-2], device=query.device)
+    return masked_softmax(scores, attn_mask)  # (..., h, i, j)
+
+
+def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0):
+    """Unchecked core of :func:`scaled_dot_product_attention`: ``(output, weights)``.
+
+    ``weights`` are the ``(..., h, i, j)`` weights before dropout.
+    """
+    weights = _weights(query, key, attn_mask, is_causal, scale, enable_gqa)
+    dropped = torch.dropout(weights, dropout_p, train=True) if dropout_p > 0.0 else weights
+    if enable_gqa:
+        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
+    return dropped @ value, weights  # (..., h, i, e), (..., h, i, j)

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._checks import broadcast_shapes
-from .tiled import _backward, _forward
+from ._tiled import _backward, _forward
 
 
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:

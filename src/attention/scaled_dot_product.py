@@ -11,36 +11,13 @@ the ground truth every faster variant in the package is tested against.
 
 from __future__ import annotations
 
-import torch
+import torch  # noqa: F401  (the doctests use it)
 from torch import Tensor
 
 from ._checks import check_probability, validate_attention, validate_weights
-from ._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
+from ._core import _attention, _weights
 
 __all__ = ["attention_weights", "scaled_dot_product_attention"]
-
-
-def _weights(query, key, attn_mask, is_causal, scale, enable_gqa) -> Tensor:
-    """Unchecked core of :func:`attention_weights`: ``(..., h, i, j)`` weights."""
-    if enable_gqa:
-        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
-    scale = default_scale(scale, query.shape[-1])
-    scores = (query @ key.transpose(-2, -1)) * scale  # (..., h, i, j)
-    if is_causal:
-        attn_mask = top_left_causal(query.shape[-2], key.shape[-2], device=query.device)
-    return masked_softmax(scores, attn_mask)  # (..., h, i, j)
-
-
-def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0):
-    """Unchecked core of :func:`scaled_dot_product_attention`: ``(output, weights)``.
-
-    ``weights`` are the ``(..., h, i, j)`` weights before dropout.
-    """
-    weights = _weights(query, key, attn_mask, is_causal, scale, enable_gqa)
-    dropped = torch.dropout(weights, dropout_p, train=True) if dropout_p > 0.0 else weights
-    if enable_gqa:
-        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
-    return dropped @ value, weights  # (..., h, i, e), (..., h, i, j)
 
 
 def attention_weights(

@@ -11,36 +11,11 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_dim, check_tensor
+from ._core import _empty, _shift, _softmax
 
 # softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 13, are imported
 # from this module (``from attention.softmax import softmax_jacobian``).
 __all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
-
-
-def _shift(x: Tensor, dim: int, *, zero_infinite: bool) -> Tensor:
-    """Row maximum used as the shift; a row whose maximum is ``-inf`` gets a shift of 0.
-
-    ``zero_infinite`` also zeroes a ``+inf`` maximum, which :func:`logsumexp` needs
-    (``logsumexp([inf, 1]) = inf``) and the softmax must not do (``softmax([inf, 1])`` is
-    NaN in torch: ``inf - inf``). The shift is detached: softmax is invariant to it, so
-    its gradient contribution is exactly zero and detaching only saves work.
-    """
-    m = x.detach().amax(dim=dim, keepdim=True)
-    drop = torch.isinf(m) if zero_infinite else torch.isneginf(m)
-    return m.masked_fill(drop, 0.0)
-
-
-def _empty(x: Tensor, dim: int) -> bool:
-    """Whether the axis ``dim`` has no entries (a 0-dim tensor counts as one entry)."""
-    return x.dim() > 0 and x.shape[dim] == 0
-
-
-def _softmax(x: Tensor, dim: int) -> Tensor:
-    """Unchecked core of :func:`softmax`."""
-    if _empty(x, dim):  # nothing to normalise (amax would refuse the empty axis)
-        return x.clone()
-    z = torch.exp(x - _shift(x, dim, zero_infinite=False))
-    return z / z.sum(dim=dim, keepdim=True)
 
 
 def _check(name: str, x, dim) -> None:
