@@ -411,9 +411,77 @@ def test_rejects_non_tensor_input():
         m([[0.0] * 8], torch.randn(1, 1, 8), torch.randn(1, 1, 8))
 
 
-def test_rejects_sequence_first():
-    with pytest.raises(ValueError, match="batch-first inputs .* only, got batch_first=False"):
-        MultiHeadAttention(8, 2, batch_first=False)
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_sequence_first_matches_torch(need_weights):
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(12, 3, batch_first=False, kdim=5, vdim=7, dtype=DT).eval()
+    with torch.no_grad():
+        ref.out_proj.bias.normal_()
+    ours = MultiHeadAttention.from_torch(ref)
+    seq_first = MultiHeadAttention(12, 3, kdim=5, vdim=7, batch_first=False, dtype=DT).eval()
+    seq_first.load_state_dict(ours.state_dict())
+    q, k, v = torch.randn(4, 2, 12, dtype=DT), torch.randn(6, 2, 5, dtype=DT), torch.randn(6, 2, 7, dtype=DT)
+    mask = torch.rand(4, 6) > 0.3
+    mask[:, 0] = True
+    expected, expected_w = ref(q, k, v, attn_mask=~mask)
+    out, w = seq_first(q, k, v, attn_mask=mask, need_weights=need_weights)
+    assert out.shape == (4, 2, 12)
+    assert_close(out, expected)
+    if need_weights:
+        assert_close(w.mean(1), expected_w)
+    assert "batch_first=False" in repr(seq_first)
+    with pytest.raises(ValueError, match=r"sequence-first with shape \(L, b, embed_dim\)"):
+        seq_first(q[0], k, v)
+
+
+def test_attention_fn_puts_another_kernel_inside():
+    from functools import partial
+
+    from attention import attention_with_sinks, scaled_dot_product_attention, tiled_attention
+
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT).eval()
+    x = torch.randn(2, 7, 16, dtype=DT, requires_grad=True)
+    mask = torch.rand(7, 7) > 0.4
+    for fn in (tiled_attention, partial(tiled_attention, block_size=3), scaled_dot_product_attention):
+        mha = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT, attention_fn=fn).eval()
+        mha.load_state_dict(ref.state_dict())
+        for kwargs in ({"is_causal": True}, {"attn_mask": mask}, {}):
+            out, w = mha(x, x, x, **kwargs)
+            expected, _ = ref(x, x, x, **kwargs)
+            assert w is None
+            assert_close(out, expected)
+            g1 = torch.autograd.grad(out.sum(), (x, *mha.parameters()))
+            g2 = torch.autograd.grad(expected.sum(), (x, *ref.parameters()))
+            for a, b in zip(g1, g2):
+                assert_close(a, b)
+    cache_mha = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT, attention_fn=partial(tiled_attention, block_size=2))
+    cache_mha.load_state_dict(ref.state_dict())
+    cache = cache_mha.new_cache(2, 7)
+    with torch.no_grad():
+        full, _ = ref(x, x, x, is_causal=True)
+        pieces = [cache_mha(x[:, :4], x[:, :4], x[:, :4], is_causal=True, cache=cache)[0]]
+        pieces += [cache_mha(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], is_causal=True, cache=cache)[0] for t in range(4, 7)]
+    assert_close(torch.cat(pieces, 1), full)
+    # a kernel with its own options: sinks that no query attends to change nothing
+    sinks = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT, attention_fn=partial(
+        attention_with_sinks, sinks=torch.full((4,), -torch.inf, dtype=DT)))
+    sinks.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        assert_close(sinks(x, x, x, is_causal=True)[0], ref(x, x, x, is_causal=True)[0])
+    assert "attention_fn=tiled_attention" in repr(MultiHeadAttention(16, 4, attention_fn=tiled_attention))
+
+
+def test_attention_fn_refusals():
+    from attention import tiled_attention
+
+    with pytest.raises(TypeError, match="attention_fn must be callable or None, got int"):
+        MultiHeadAttention(8, 2, attention_fn=3)
+    with pytest.raises(ValueError, match="a custom attention_fn takes no dropout"):
+        MultiHeadAttention(8, 2, attention_fn=tiled_attention, dropout=0.1)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match="need_weights=True needs the reference kernel"):
+        MultiHeadAttention(8, 2, attention_fn=tiled_attention)(x, x, x, need_weights=True)
 
 
 # ---------------------------------------------------------------- one contract, every boundary

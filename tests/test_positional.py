@@ -18,6 +18,7 @@ from attention import (
     MultiHeadAttention,
     alibi_bias,
     alibi_slopes,
+    RotaryConfig,
     apply_rope,
     relative_position_bucket,
     rope_frequencies,
@@ -380,7 +381,7 @@ def test_unusable_bucket_settings_are_refused():
         relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=8)
 
 
-# ---------------------------------------------------------------- MultiHeadAttention(rope=True)
+# ---------------------------------------------------------------- MultiHeadAttention(rope=...)
 
 
 def _llama_and_ours(num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
@@ -399,8 +400,8 @@ def _llama_and_ours(num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
     torch.manual_seed(seed)
     llama = LlamaAttention(config, layer_idx=0).to(DT).eval()
     ours = MultiHeadAttention(
-        num_heads * head_dim, num_heads, num_kv_heads=num_kv_heads, bias=False, rope=True,
-        rope_base=500.0, dtype=DT,
+        num_heads * head_dim, num_heads, num_kv_heads=num_kv_heads, bias=False,
+        rope=RotaryConfig(base=500.0), dtype=DT,
     ).eval()
     with torch.no_grad():
         for mine, theirs in (("w_query", "q_proj"), ("w_key", "k_proj"), ("w_value", "v_proj"), ("w_out", "o_proj")):
@@ -463,7 +464,7 @@ def test_rope_multihead_positions_argument():
     assert_close(shifted, default, atol=1e-10, rtol=0)  # scores depend on distances only
     assert_close(per_row, default, atol=1e-10, rtol=0)
     interleaved = MultiHeadAttention(
-        32, 4, num_kv_heads=2, bias=False, rope=True, rope_base=500.0, rope_interleaved=True, dtype=DT
+        32, 4, num_kv_heads=2, bias=False, rope=RotaryConfig(base=500.0, interleaved=True), dtype=DT
     )
     interleaved.load_state_dict(ours.state_dict())
     with torch.no_grad():
@@ -475,7 +476,7 @@ def test_rope_multihead_attention_refuses_bad_input():
     x, memory = torch.randn(1, 4, 16), torch.randn(1, 6, 16)
     with pytest.raises(ValueError, match="same length, got 6 and 4"):
         mha(x, memory, memory)  # cross-attention
-    with pytest.raises(ValueError, match="build the module with rope=True"):
+    with pytest.raises(ValueError, match=r"build the module with rope=RotaryConfig\(\)"):
         MultiHeadAttention(16, 2)(x, x, x, positions=torch.arange(4))
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         mha(x, x, x, positions=torch.arange(4.0))
@@ -483,7 +484,40 @@ def test_rope_multihead_attention_refuses_bad_input():
         mha(x, x, x, positions=torch.arange(5))
     with pytest.raises(ValueError, match="head size embed_dim // num_heads must be even, got 3"):
         MultiHeadAttention(6, 2, rope=True)
-    with pytest.raises(TypeError, match="rope must be a bool"):
+    with pytest.raises(TypeError, match="rope must be a RotaryConfig, a bool or None, got int"):
         MultiHeadAttention(16, 2, rope=1)
     with pytest.raises(ValueError, match="base must be finite and > 0"):
-        MultiHeadAttention(16, 2, rope=True, rope_base=-1.0)
+        MultiHeadAttention(16, 2, rope=RotaryConfig(base=-1.0))
+    with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
+        MultiHeadAttention(4, 2, rope=RotaryConfig(scaling={"type": "ntk", "factor": 2.0}))
+
+
+def test_rope_former_spelling_still_works_with_a_deprecation_warning():
+    x = _randn(1, 5, 16, seed=3).float()
+    new = MultiHeadAttention(16, 2, rope=RotaryConfig(base=500.0, interleaved=True)).eval()
+    with pytest.warns(DeprecationWarning, match="rope=RotaryConfig"):
+        old = MultiHeadAttention(16, 2, rope=True, rope_base=500.0, rope_interleaved=True).eval()
+    old.load_state_dict(new.state_dict())
+    assert old.rope == new.rope and (old.rope_base, old.rope_interleaved) == (500.0, True)
+    with torch.no_grad():
+        assert torch.equal(old(x, x, x)[0], new(x, x, x)[0])
+    assert MultiHeadAttention(16, 2, rope=True).rope == RotaryConfig()
+    assert MultiHeadAttention(16, 2).rope is None and MultiHeadAttention(16, 2, rope=False).rope is None
+
+
+def test_rotary_config_is_validated_frozen_and_rotates_as_apply_rope():
+    x = _randn(2, 3, 6, 8, seed=4)
+    positions = torch.arange(2, 8)
+    rope = RotaryConfig(base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0})
+    expected = apply_rope(x, positions, base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0})
+    assert torch.equal(rope.rotate(x, positions), expected)
+    with pytest.raises(AttributeError):
+        rope.base = 1.0
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        RotaryConfig(interleaved=1)
+    with pytest.raises(TypeError, match="scaling must be a dict or None"):
+        RotaryConfig(scaling=2.0)
+    with pytest.raises(ValueError, match="scaling type must be one of"):
+        RotaryConfig(scaling={"type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="base must be finite and > 0, got nan"):
+        RotaryConfig(base=math.nan)

@@ -71,10 +71,24 @@ class KVCache(LinearCache):
         self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, max_len, d) each
         self.length = 0
 
-    def _check_update(self, batch_size: int, num_new: int, num_kv_heads: int, head_dim: int,
-                      dtype: torch.dtype, device: torch.device, requires_grad: bool) -> None:
-        """The rules of :meth:`update`, on the shapes alone (MultiHeadAttention checks a call
-        before projecting anything)."""
+    def check_update(self, batch_size: int, num_new: int, num_kv_heads: int, head_dim: int, *,
+                     dtype: torch.dtype, device: torch.device, requires_grad: bool = False) -> None:
+        """Check that :meth:`update` would accept keys and values described by these numbers.
+
+        The interface for modules: :class:`attention.MultiHeadAttention` calls it before
+        projecting anything, so a wrong call fails at the boundary with a clear message.
+
+        Args:
+            batch_size, num_new, num_kv_heads, head_dim: the ``(b, h_kv, n, d)`` of the keys.
+            dtype, device: theirs.
+            requires_grad: whether they will require grad while autograd is on.
+
+        Raises:
+            ValueError: for another batch size, head count or size, more positions than
+                fit, another device, keys that require grad, or a cache created under
+                ``torch.inference_mode()`` used outside it.
+            TypeError: for another dtype.
+        """
         if batch_size != self.batch_size:
             raise ValueError(
                 f"the cache was built for batch size {self.batch_size}, got a batch of "
@@ -99,6 +113,14 @@ class KVCache(LinearCache):
                 "through; got keys or values that require grad: decode under "
                 "torch.inference_mode() or torch.no_grad() (or pass detached tensors)"
             )
+        if self.keys.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(
+                "this cache was created under torch.inference_mode(), so its buffers can only "
+                "be written there: update it under torch.inference_mode() too, or create it "
+                "outside (e.g. under torch.no_grad())"
+            )
+
+    _check_update = check_update  # the former private spelling
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``n`` new positions and return the keys and values of all positions so far.
@@ -126,7 +148,7 @@ class KVCache(LinearCache):
             )
         grad = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)
         b, h_kv, n, d = key.shape
-        self._check_update(b, n, h_kv, d, key.dtype, key.device, grad)
+        self.check_update(b, n, h_kv, d, dtype=key.dtype, device=key.device, requires_grad=grad)
         return self._append(key, value)
 
     def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:

@@ -13,12 +13,16 @@ The production formulation (Vaswani et al., 2017): one projection per role,
 the keys and values have fewer heads, each shared by a group of ``h / h_kv`` query heads:
 grouped-query attention (GQA; Ainslie et al., 2023), or multi-query attention (MQA;
 Shazeer, 2019) for ``h_kv = 1``. The KV cache for incremental decoding is in
-:mod:`attention.kv_cache`. With ``rope=True`` the queries and keys of every head are
-rotated by their positions (rotary position embedding, chapter 07) after the split into
-heads and before the scores, as in Llama-style models.
+:mod:`attention.kv_cache`. With ``rope=RotaryConfig(...)`` (or ``rope=True``) the queries
+and keys of every head are rotated by their positions (rotary position embedding, chapter
+07) after the split into heads and before the scores, as in Llama-style models. The
+attention itself is any kernel on the package's contract (``attention_fn``).
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +39,10 @@ from ._checks import (
     check_probability,
     check_tensor,
 )
+from ._core import _attention
+from ._rope import _apply_rope, _check_positions, _check_scaling
 from .kv_cache import KVCache
-from .positional import _apply_rope, _check_base, _check_positions
-from .scaled_dot_product import _attention
+from .positional import RotaryConfig
 
 # split_heads and merge_heads are imported from this module by chapters 06 and 17.
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
@@ -71,6 +76,11 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
     return _split_heads(x, num_heads)
 
 
+def _merge_heads(x: Tensor) -> Tensor:
+    """Unchecked core of :func:`merge_heads`."""
+    return x.transpose(1, 2).flatten(2)  # (b, L, h*d)
+
+
 def merge_heads(x: Tensor) -> Tensor:
     """Concatenate the heads again: ``(b, h, L, d) -> (b, L, h*d)``, the inverse of :func:`split_heads`.
 
@@ -82,7 +92,25 @@ def merge_heads(x: Tensor) -> Tensor:
     check_tensor("x", x)
     if x.dim() != 4:
         raise ValueError(f"x must have shape (b, h, L, d), got {tuple(x.shape)}")
-    return x.transpose(1, 2).flatten(2)  # (b, L, h*d)
+    return _merge_heads(x)
+
+
+def _rope_config(rope, rope_base, rope_interleaved) -> RotaryConfig | None:
+    """``rope`` (a RotaryConfig, True, False or None) and the former flags, as one config."""
+    if rope is not None and not isinstance(rope, (bool, RotaryConfig)):
+        raise TypeError(f"rope must be a RotaryConfig, a bool or None, got {type(rope).__name__}")
+    if rope_base is None and rope_interleaved is None:
+        return RotaryConfig() if rope is True else (rope or None)
+    warnings.warn(
+        "rope_base and rope_interleaved are replaced by rope=RotaryConfig(base=..., "
+        "interleaved=...)", DeprecationWarning, stacklevel=3,
+    )
+    if isinstance(rope, RotaryConfig):
+        raise ValueError("give the RoPE options in rope=RotaryConfig(...) only, not also as rope_base/rope_interleaved")
+    if not rope:
+        return None
+    base = 10000.0 if rope_base is None else rope_base
+    return RotaryConfig(base=base, interleaved=bool(rope_interleaved))
 
 
 class MultiHeadAttention(nn.Module):
@@ -106,15 +134,21 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: ``h_kv``, key/value heads (default ``h``: plain multi-head attention;
             ``1``: multi-query attention; in between: grouped-query attention). Must divide
             ``num_heads``.
-        batch_first: accepted for symmetry with ``nn.MultiheadAttention``; inputs are
-            always ``(b, L, features)``, so only ``True`` is allowed.
+        batch_first: inputs and output are ``(b, L, features)`` (True, the default) or
+            ``(L, b, features)`` (False), as in ``nn.MultiheadAttention``.
         device, dtype: where and in which dtype to create the parameters.
-        rope: rotate the queries and keys of each head by their positions (RoPE,
-            :func:`attention.apply_rope`) before the scores; self-attention only, and the
-            head size must be even.
-        rope_base: RoPE's base (10000 in Llama 2, 500000 in Llama 3).
-        rope_interleaved: RoPE's feature pairs: False pairs ``k`` with ``k + d/2``
-            (Hugging Face's Llama layout), True pairs ``(2k, 2k+1)`` (Meta's layout).
+        rope: a :class:`attention.RotaryConfig` to rotate the queries and keys of each head
+            by their positions (RoPE, :func:`attention.apply_rope`) before the scores;
+            ``True`` means ``RotaryConfig()``; self-attention only, and the head size must
+            be even. (``rope_base=`` and ``rope_interleaved=`` are a deprecated spelling of
+            ``rope=RotaryConfig(base=..., interleaved=...)``.)
+        attention_fn: the attention kernel, any function on the package's contract
+            ``f(q, k, v, *, attn_mask, is_causal, enable_gqa)`` with ``q`` ``(b, h, i, d)``,
+            ``k, v`` ``(b, h_kv, j, d)``, e.g. :func:`attention.tiled_attention` or
+            :func:`attention.attention_with_sinks` (bind its own options with
+            ``functools.partial``). Default None: PyTorch's fused
+            ``scaled_dot_product_attention`` (the package's reference when
+            ``need_weights=True``). A custom kernel returns no weights and takes no dropout.
 
     Submodules (``nn.Linear``): ``w_query`` (embed_dim -> embed_dim), ``w_key``
     (kdim -> h_kv*d), ``w_value`` (vdim -> h_kv*d), ``w_out`` (embed_dim -> embed_dim).
@@ -150,9 +184,10 @@ class MultiHeadAttention(nn.Module):
         batch_first: bool = True,
         device=None,
         dtype: torch.dtype | None = None,
-        rope: bool = False,
-        rope_base: float = 10000.0,
-        rope_interleaved: bool = False,
+        rope: RotaryConfig | bool | None = None,
+        attention_fn: Callable[..., Tensor] | None = None,
+        rope_base: float | None = None,
+        rope_interleaved: bool | None = None,
     ) -> None:
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -173,23 +208,28 @@ class MultiHeadAttention(nn.Module):
                 "num_heads must be divisible by num_kv_heads (each key/value head serves a "
                 f"group of query heads), got {num_heads} and {num_kv_heads}"
             )
-        if check_bool("batch_first", batch_first) is not True:
-            raise ValueError(
-                "MultiHeadAttention takes batch-first inputs (b, L, features) only, got "
-                "batch_first=False; transpose sequence-first inputs with .transpose(0, 1)"
-            )
+        self.batch_first = check_bool("batch_first", batch_first)
         check_bool("bias", bias)
         dropout = check_probability("dropout", dropout, closed=True)
         device = check_device("device", device)
         dtype = None if dtype is None else check_dtype("dtype", dtype, floating=True)
-        self.rope = check_bool("rope", rope)
-        self.rope_base = _check_base(rope_base)
-        self.rope_interleaved = check_bool("rope_interleaved", rope_interleaved)
-        if rope and (embed_dim // num_heads) % 2:
-            raise ValueError(
-                "rope=True rotates feature pairs, so the head size embed_dim // num_heads "
-                f"must be even, got {embed_dim // num_heads}"
-            )
+        self.rope = _rope_config(rope, rope_base, rope_interleaved)
+        if self.rope is not None:
+            if (embed_dim // num_heads) % 2:
+                raise ValueError(
+                    "rope rotates feature pairs, so the head size embed_dim // num_heads "
+                    f"must be even, got {embed_dim // num_heads}"
+                )
+            _check_scaling(self.rope.scaling, embed_dim // num_heads)
+        if attention_fn is not None:
+            if not callable(attention_fn):
+                raise TypeError(f"attention_fn must be callable or None, got {type(attention_fn).__name__}")
+            if dropout > 0:
+                raise ValueError(
+                    "a custom attention_fn takes no dropout (the kernel contract has none), "
+                    f"got dropout={dropout}; use dropout=0.0"
+                )
+        self.attention_fn = attention_fn
 
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
@@ -211,9 +251,21 @@ class MultiHeadAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
-            + (f", rope_base={self.rope_base:g}, rope_interleaved={self.rope_interleaved}"
-               if self.rope else "")
+            + ("" if self.batch_first else ", batch_first=False")
+            + (f", rope={self.rope}" if self.rope is not None else "")
+            + ("" if self.attention_fn is None
+               else f", attention_fn={getattr(self.attention_fn, '__name__', self.attention_fn)}")
         )
+
+    @property
+    def rope_base(self) -> float | None:
+        """``rope.base`` (None without RoPE); kept for the former spelling."""
+        return None if self.rope is None else self.rope.base
+
+    @property
+    def rope_interleaved(self) -> bool | None:
+        """``rope.interleaved`` (None without RoPE); kept for the former spelling."""
+        return None if self.rope is None else self.rope.interleaved
 
     def new_cache(
         self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
@@ -233,6 +285,26 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache, positions):
+        """Every check of :meth:`forward`, on batch-first inputs, before any projection."""
+        self._check_inputs(query, key, value)
+        check_mask_or_causal(attn_mask, is_causal)
+        check_bool("need_weights", need_weights)
+        if need_weights and self.attention_fn is not None:
+            raise ValueError(
+                "need_weights=True needs the reference kernel, which returns the weights; "
+                "this module attends with a custom attention_fn"
+            )
+        b, i, j = query.shape[0], query.shape[1], key.shape[1]
+        self._check_positions(positions, query, b, i, j)
+        if cache is not None:
+            self._check_cache(cache, key, value, is_causal, b, i, j)
+            j = cache.length + j
+        if attn_mask is not None:
+            check_mask(attn_mask, query.dtype, (b, self.num_heads, i, j), device=query.device)
+
+    def _check_inputs(self, query, key, value) -> None:
+        """Floating ``(b, L, features)`` inputs of the module's sizes, dtype and device."""
+        layout = "batch-first with shape (b, L, {})" if self.batch_first else "sequence-first with shape (L, b, {})"
         for name, t, size, size_name, layer in (
             ("query", query, self.embed_dim, "embed_dim", self.w_query),
             ("key", key, self.kdim, "kdim", self.w_key),
@@ -240,10 +312,7 @@ class MultiHeadAttention(nn.Module):
         ):
             check_tensor(name, t, floating=True)
             if t.dim() != 3:
-                raise ValueError(
-                    f"{name} must be batch-first with shape (b, L, {size_name}), "
-                    f"got {tuple(t.shape)}"
-                )
+                raise ValueError(f"{name} must be {layout.format(size_name)}, got {tuple(t.shape)}")
             if t.shape[-1] != size:
                 raise ValueError(
                     f"{name}'s last dimension must equal {size_name}={size}, got {t.shape[-1]}"
@@ -259,14 +328,14 @@ class MultiHeadAttention(nn.Module):
                 "key and value must have the same number of positions j, "
                 f"got {key.shape[1]} and {value.shape[1]}"
             )
-        check_mask_or_causal(attn_mask, is_causal)
-        check_bool("need_weights", need_weights)
-        b, i, j = query.shape[0], query.shape[1], key.shape[1]
-        if positions is not None and not self.rope:
-            raise ValueError("positions are used by rotary embeddings only: build the module with rope=True")
-        if self.rope and i != j:
+
+    def _check_positions(self, positions, query, b: int, i: int, j: int) -> None:
+        """RoPE's positions: only with ``rope``, and for self-attention (``i = j``)."""
+        if positions is not None and self.rope is None:
+            raise ValueError("positions are used by rotary embeddings only: build the module with rope=RotaryConfig()")
+        if self.rope is not None and i != j:
             raise ValueError(
-                "with rope=True the keys must be the query tokens' own (self-attention), so "
+                "with rope the keys must be the query tokens' own (self-attention), so "
                 f"key and query must have the same length, got {j} and {i} (cross-attention "
                 "has no shared positions)"
             )
@@ -275,24 +344,23 @@ class MultiHeadAttention(nn.Module):
             if positions.dim() not in (1, 2):
                 raise ValueError(f"positions must be (i,) or (b, i), got {tuple(positions.shape)}")
             _check_positions(positions, (b, i), query, "query", "(b, i)")
-        if cache is not None:
-            if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-            if is_causal and i != j:
-                raise ValueError(
-                    "with a cache and is_causal=True the new queries must be the new "
-                    f"positions, got {i} queries and {j} new keys"
-                )
-            grad = torch.is_grad_enabled() and (
-                key.requires_grad or value.requires_grad
-                or any(p.requires_grad for p in (*self.w_key.parameters(), *self.w_value.parameters()))
+
+    def _check_cache(self, cache, key, value, is_causal, b: int, i: int, j: int) -> None:
+        """A :class:`KVCache` that takes ``j`` new positions of this module's heads."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+        if is_causal and i != j:
+            raise ValueError(
+                "with a cache and is_causal=True the new queries must be the new "
+                f"positions, got {i} queries and {j} new keys"
             )
-            weight = self.w_key.weight
-            cache._check_update(b, j, self.num_kv_heads, self.head_dim, weight.dtype,
-                                weight.device, grad)
-            j = cache.length + j
-        if attn_mask is not None:
-            check_mask(attn_mask, query.dtype, (b, self.num_heads, i, j), device=query.device)
+        grad = torch.is_grad_enabled() and (
+            key.requires_grad or value.requires_grad
+            or any(p.requires_grad for p in (*self.w_key.parameters(), *self.w_value.parameters()))
+        )
+        weight = self.w_key.weight
+        cache.check_update(b, j, self.num_kv_heads, self.head_dim, dtype=weight.dtype,
+                           device=weight.device, requires_grad=grad)
 
     def forward(
         self,
@@ -309,9 +377,9 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``query`` to ``key``/``value`` in every head.
 
         Args:
-            query: ``(b, i, embed_dim)``.
-            key: ``(b, j, kdim)``.
-            value: ``(b, j, vdim)``.
+            query: ``(b, i, embed_dim)`` (``(i, b, embed_dim)`` with ``batch_first=False``).
+            key: ``(b, j, kdim)`` (``(j, b, kdim)``).
+            value: ``(b, j, vdim)`` (``(j, b, vdim)``).
             attn_mask: boolean (**True = may attend**) or float (added to the scores),
                 broadcastable to ``(b, h, i, j)`` (with a cache, ``j`` counts the cached
                 positions too). Not together with ``is_causal``.
@@ -327,35 +395,43 @@ class MultiHeadAttention(nn.Module):
                 values are projected, appended to it, and the queries attend to all of
                 its positions. Prefill with the prompt, then call with one token at a time,
                 under ``torch.inference_mode()`` or ``torch.no_grad()``.
-            positions: with ``rope=True``, the integer positions of the ``i`` new tokens,
+            positions: with ``rope``, the integer positions of the ``i`` new tokens,
                 ``(i,)`` or ``(b, i)``; the keys share them. Default ``arange(i)``, shifted
                 by the cache's length when a cache is given, so cached decoding equals the
                 full causal call.
 
         Returns:
-            ``(output, weights)``: output ``(b, i, embed_dim)``; weights ``(b, h, i, j)``
+            ``(output, weights)``: output ``(b, i, embed_dim)`` (``(i, b, embed_dim)`` with
+            ``batch_first=False``); weights ``(b, h, i, j)``
             before dropout (rows sum to 1) if ``need_weights`` else ``None``.
             ``weights.mean(1)`` is what ``nn.MultiheadAttention`` returns by default.
         """
+        if not self.batch_first:  # (L, b, features) -> (b, L, features)
+            query, key, value = (t.transpose(0, 1) if isinstance(t, Tensor) else t
+                                 for t in (query, key, value))
         self._validate(query, key, value, attn_mask, is_causal, need_weights, cache, positions)
         q = _split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
         k = _split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
         v = _split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
-        if self.rope:  # rotate queries and keys by their positions, before any score
+        if self.rope is not None:  # rotate queries and keys by their positions, before any score
             if positions is None:
                 start = 0 if cache is None else cache.length
                 positions = torch.arange(start, start + q.shape[2], device=q.device)  # (i,)
             elif positions.dim() == 2:
                 positions = positions[:, None, :]  # (b, 1, i): the same for every head
-            q = _apply_rope(q, positions, self.rope_base, self.rope_interleaved, None)
-            k = _apply_rope(k, positions, self.rope_base, self.rope_interleaved, None)
+            options = (self.rope.base, self.rope.interleaved, _check_scaling(self.rope.scaling, self.head_dim))
+            q = _apply_rope(q, positions, *options)
+            k = _apply_rope(k, positions, *options)
         if cache is not None:
-            k, v = cache._append(k, v)  # (b, h_kv, cached + j, d)
+            k, v = cache.update(k, v)  # (b, h_kv, cached + j, d)
             if is_causal:
                 attn_mask, is_causal = cache.causal_pattern(q.shape[2])
         dropout_p = self.dropout if self.training else 0.0
         gqa = self.num_groups > 1
-        if need_weights:
+        if self.attention_fn is not None:
+            weights = None
+            context = self.attention_fn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa)
+        elif need_weights:
             context, weights = _attention(q, k, v, attn_mask, is_causal, None, gqa, dropout_p)
         else:
             weights = None
@@ -363,8 +439,8 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                 enable_gqa=gqa,
             )  # (b, h, i, d)
-        merged = context.transpose(1, 2).flatten(2)  # (b, i, h*d): the heads concatenated
-        return self.w_out(merged), weights  # (b, i, embed_dim)
+        out = self.w_out(_merge_heads(context))  # (b, i, embed_dim): the heads concatenated
+        return (out if self.batch_first else out.transpose(0, 1)), weights
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -32,130 +32,72 @@ angle is already wrong in its third decimal.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from ._checks import (
-    broadcast_shapes,
-    check_bool,
-    check_device,
-    check_dtype,
-    check_int,
-    check_positive,
-    check_same_device,
-    check_tensor,
+from ._checks import check_bool, check_device, check_int, check_tensor
+from ._rope import (
+    _apply_rope,
+    _check_base,
+    _check_dtype,
+    _check_feature_size,
+    _check_positions,
+    _check_scaling,
+    _inv_freq,
 )
 
 __all__ = [
     "sinusoidal_positions",
     "rope_frequencies",
     "apply_rope",
+    "RotaryConfig",
     "alibi_slopes",
     "alibi_bias",
     "relative_position_bucket",
 ]
 
-_SCALING_TYPES = ("linear", "ntk")
 
+@dataclass(frozen=True)
+class RotaryConfig:
+    """The options of a rotary position embedding (RoPE), in one object.
 
-# ------------------------------------------------------------------ boundary checks
+    Shared by :class:`~attention.MultiHeadAttention` (``rope=RotaryConfig(...)``),
+    :class:`~attention.MultiHeadLatentAttention` and :func:`~attention.dual_chunk_attention`,
+    so a new RoPE option is added here once, not as a new flag of every module. Validated
+    when built.
 
+    Args:
+        base: the base :math:`\\theta` of the frequencies :math:`\\theta^{-2k/d}` (10000 in
+            Llama 2, 500000 in Llama 3); finite and > 0.
+        interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
+            ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's, DeepSeek's layout).
+        scaling: None, ``{"type": "linear", "factor": s}`` or ``{"type": "ntk", "factor": s}``
+            (see :func:`rope_frequencies`).
 
-def _check_feature_size(d, name: str = "d") -> int:
-    """The feature size of a rotary or sinusoidal encoding: an even int >= 0."""
-    d = check_int(name, d, minimum=0)
-    if d % 2:
-        raise ValueError(
-            f"{name} must be even (features come in sin/cos or rotation pairs), got {d}"
-        )
-    return d
+    Example:
+        >>> rope = RotaryConfig(base=500000.0)
+        >>> x = torch.randn(2, 5, 8)
+        >>> torch.equal(rope.rotate(x), apply_rope(x, base=500000.0))
+        True
+    """
 
+    base: float = 10000.0
+    interleaved: bool = False
+    scaling: dict | None = None
 
-def _check_base(base) -> float:
-    return check_positive("base", base)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", _check_base(self.base))
+        check_bool("interleaved", self.interleaved)
+        _check_scaling(self.scaling, None)
+        if self.scaling is not None:  # a private copy: the frozen config cannot change under us
+            object.__setattr__(self, "scaling", dict(self.scaling))
 
-
-def _check_dtype(dtype) -> torch.dtype:
-    """None (torch's default dtype) or a floating-point dtype."""
-    if dtype is None:
-        return torch.get_default_dtype()
-    return check_dtype("dtype", dtype, floating=True)
-
-
-def _check_scaling(scaling, d: int) -> tuple[str, float] | None:
-    """Normalise a ``scaling`` dict to ``(type, factor)``; None stays None."""
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
-    unknown = set(scaling) - {"type", "rope_type", "factor"}
-    if unknown:
-        raise ValueError(
-            f"scaling accepts the keys 'type' (or 'rope_type') and 'factor', got {sorted(unknown)}"
-        )
-    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
-        raise ValueError(
-            "scaling['type'] and its alias scaling['rope_type'] disagree: "
-            f"{scaling['type']!r} and {scaling['rope_type']!r}"
-        )
-    kind = scaling.get("type", scaling.get("rope_type"))
-    if kind not in _SCALING_TYPES:
-        raise ValueError(f"scaling type must be one of {_SCALING_TYPES}, got {kind!r}")
-    if "factor" not in scaling:
-        raise ValueError(f"scaling of type {kind!r} needs a 'factor'")
-    factor = check_positive("scaling['factor']", scaling["factor"])
-    if kind == "ntk" and d == 2:
-        raise ValueError("NTK scaling needs d >= 4: its exponent d / (d - 2) is undefined for d = 2")
-    return kind, float(factor)
-
-
-def _check_positions(
-    positions, shape: tuple[int, ...], like: Tensor, like_name: str, what: str
-) -> Tensor:
-    """Integer positions on ``like``'s device that broadcast to ``shape`` (named ``what``)."""
-    check_tensor("positions", positions)
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-        raise TypeError(
-            "positions must be an integer tensor (token indices), got "
-            f"{positions.dtype}; to stretch positions use scaling={{'type': 'linear', ...}}"
-        )
-    check_same_device(positions=positions, **{like_name: like})
-    if broadcast_shapes(f"positions and {what}", tuple(positions.shape), shape) != shape:
-        raise ValueError(f"positions of shape {tuple(positions.shape)} must broadcast to {what} = {shape}")
-    return positions
-
-
-# ------------------------------------------------------------------ unchecked cores
-
-
-def _inv_freq(d: int, base: float, scaling: tuple[str, float] | None, device=None) -> Tensor:
-    """``(d/2,)`` float64 inverse frequencies ``base^(-2k/d)``, after ``scaling``."""
-    if scaling is not None and scaling[0] == "ntk":
-        base = base * scaling[1] ** (d / (d - 2))
-    exponents = torch.arange(0, d, 2, dtype=torch.float64, device=device) / max(d, 1)
-    inv_freq = base**-exponents  # (d/2,)
-    if scaling is not None and scaling[0] == "linear":
-        inv_freq = inv_freq / scaling[1]
-    return inv_freq
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Rotate each feature pair of ``x`` (..., n, d) by the angles whose cos/sin are (..., n, d/2)."""
-    if interleaved:  # pairs (2k, 2k+1)
-        x0, x1 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
-    half = x.shape[-1] // 2  # pairs (k, k + d/2): Hugging Face's rotate_half layout
-    x0, x1 = x[..., :half], x[..., half:]
-    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
-
-
-def _apply_rope(
-    x: Tensor, positions: Tensor, base: float, interleaved: bool, scaling: tuple[str, float] | None
-) -> Tensor:
-    """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
-    angles = positions.to(torch.float64)[..., None] * _inv_freq(x.shape[-1], base, scaling, x.device)
-    return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+    def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """:func:`apply_rope` of ``x`` ``(..., n, d)`` with these options."""
+        return apply_rope(x, positions, base=self.base, interleaved=self.interleaved,
+                          scaling=self.scaling)
 
 
 def _slopes_power_of_two(h: int) -> list[float]:

@@ -1,0 +1,122 @@
+"""The unchecked core of rotary position embeddings and the checks of its options.
+
+Shared by :mod:`attention.positional` (``apply_rope``, ``RotaryConfig``),
+:mod:`attention.multihead`, :mod:`attention.latent` and :mod:`attention.dual_chunk`, which
+validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes: ``x``
+``(..., n, d)`` with ``d`` even, positions broadcastable to ``(..., n)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import (
+    broadcast_shapes,
+    check_dtype,
+    check_int,
+    check_positive,
+    check_same_device,
+    check_tensor,
+)
+
+_SCALING_TYPES = ("linear", "ntk")
+
+
+# ------------------------------------------------------------------ boundary checks
+
+
+def _check_feature_size(d, name: str = "d") -> int:
+    """The feature size of a rotary or sinusoidal encoding: an even int >= 0."""
+    d = check_int(name, d, minimum=0)
+    if d % 2:
+        raise ValueError(
+            f"{name} must be even (features come in sin/cos or rotation pairs), got {d}"
+        )
+    return d
+
+
+def _check_base(base) -> float:
+    return check_positive("base", base)
+
+
+def _check_dtype(dtype) -> torch.dtype:
+    """None (torch's default dtype) or a floating-point dtype."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    return check_dtype("dtype", dtype, floating=True)
+
+
+def _check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
+    """Normalise a ``scaling`` dict to ``(type, factor)``; None stays None."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+    unknown = set(scaling) - {"type", "rope_type", "factor"}
+    if unknown:
+        raise ValueError(
+            f"scaling accepts the keys 'type' (or 'rope_type') and 'factor', got {sorted(unknown)}"
+        )
+    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
+        raise ValueError(
+            "scaling['type'] and its alias scaling['rope_type'] disagree: "
+            f"{scaling['type']!r} and {scaling['rope_type']!r}"
+        )
+    kind = scaling.get("type", scaling.get("rope_type"))
+    if kind not in _SCALING_TYPES:
+        raise ValueError(f"scaling type must be one of {_SCALING_TYPES}, got {kind!r}")
+    if "factor" not in scaling:
+        raise ValueError(f"scaling of type {kind!r} needs a 'factor'")
+    factor = check_positive("scaling['factor']", scaling["factor"])
+    if kind == "ntk" and d == 2:  # d = None: checked again once the head size is known
+        raise ValueError("NTK scaling needs d >= 4: its exponent d / (d - 2) is undefined for d = 2")
+    return kind, float(factor)
+
+
+def _check_positions(
+    positions, shape: tuple[int, ...], like: Tensor, like_name: str, what: str
+) -> Tensor:
+    """Integer positions on ``like``'s device that broadcast to ``shape`` (named ``what``)."""
+    check_tensor("positions", positions)
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(
+            "positions must be an integer tensor (token indices), got "
+            f"{positions.dtype}; to stretch positions use scaling={{'type': 'linear', ...}}"
+        )
+    check_same_device(positions=positions, **{like_name: like})
+    if broadcast_shapes(f"positions and {what}", tuple(positions.shape), shape) != shape:
+        raise ValueError(f"positions of shape {tuple(positions.shape)} must broadcast to {what} = {shape}")
+    return positions
+
+
+# ------------------------------------------------------------------ unchecked cores
+
+
+def _inv_freq(d: int, base: float, scaling: tuple[str, float] | None, device=None) -> Tensor:
+    """``(d/2,)`` float64 inverse frequencies ``base^(-2k/d)``, after ``scaling``."""
+    if scaling is not None and scaling[0] == "ntk":
+        base = base * scaling[1] ** (d / (d - 2))
+    exponents = torch.arange(0, d, 2, dtype=torch.float64, device=device) / max(d, 1)
+    inv_freq = base**-exponents  # (d/2,)
+    if scaling is not None and scaling[0] == "linear":
+        inv_freq = inv_freq / scaling[1]
+    return inv_freq
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """Rotate each feature pair of ``x`` (..., n, d) by the angles whose cos/sin are (..., n, d/2)."""
+    if interleaved:  # pairs (2k, 2k+1)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2  # pairs (k, k + d/2): Hugging Face's rotate_half layout
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+
+
+def _apply_rope(
+    x: Tensor, positions: Tensor, base: float, interleaved: bool, scaling: tuple[str, float] | None
+) -> Tensor:
+    """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
+    angles = positions.to(torch.float64)[..., None] * _inv_freq(x.shape[-1], base, scaling, x.device)
+    return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
