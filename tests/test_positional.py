@@ -16,9 +16,9 @@ from torch.testing import assert_close
 
 from attention import (
     MultiHeadAttention,
+    RotaryConfig,
     alibi_bias,
     alibi_slopes,
-    RotaryConfig,
     apply_rope,
     relative_position_bucket,
     rope_frequencies,
