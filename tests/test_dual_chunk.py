@@ -13,7 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from attention import apply_rope, dual_chunk_attention, dual_chunk_positions
+from attention import (
+    RotaryConfig,
+    apply_rope,
+    dual_chunk_attention,
+    dual_chunk_positions,
+    scaled_dot_product_attention,
+)
 
 DT = torch.float64
 
@@ -169,4 +175,23 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="query and key must share their last dimension d"):
         dual_chunk_attention(q, k[..., :2], v, chunk_size=2)
     with pytest.raises(ValueError, match="scaling type must be one of"):
-        dual_chunk_attention(q, k, v, chunk_size=2, scaling={"type": "yarn", "factor": 2.0})
+        dual_chunk_attention(q, k, v, chunk_size=2, rope=RotaryConfig(scaling={"type": "yarn", "factor": 2.0}))
+    with pytest.raises(TypeError, match="rope must be a RotaryConfig or None, got dict"):
+        dual_chunk_attention(q, k, v, chunk_size=2, rope={"base": 10.0})
+    with pytest.raises(ValueError, match="give the RoPE options once"):
+        dual_chunk_attention(q, k, v, chunk_size=2, rope=RotaryConfig(), base=10.0)
+    with pytest.raises(ValueError, match="base must be finite and > 0, got -1"):
+        dual_chunk_attention(q, k, v, chunk_size=2, base=-1.0)
+
+
+def test_rope_config_and_its_former_spelling_agree():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    rope = RotaryConfig(base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0})
+    out = dual_chunk_attention(q, k, v, chunk_size=8, local_window=1, rope=rope)
+    plain = scaled_dot_product_attention(rope.rotate(q), rope.rotate(k), v, is_causal=True)
+    torch.testing.assert_close(out, plain)  # 9 <= s + w + 1: plain RoPE attention
+    with pytest.warns(DeprecationWarning, match="base, interleaved, scaling are replaced"):
+        old = dual_chunk_attention(q, k, v, chunk_size=8, local_window=1, base=50.0, interleaved=True,
+                                   scaling={"type": "linear", "factor": 2.0})
+    assert torch.equal(old, out)

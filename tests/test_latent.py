@@ -5,6 +5,7 @@ import torch
 from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
+from attention import RotaryConfig
 from attention.latent import LatentKVCache, MultiHeadLatentAttention
 
 D64 = torch.float64
@@ -79,7 +80,7 @@ def test_copy_has_the_module_dtype_device_training_mode_and_eps():
 @pytest.mark.parametrize("q_lora_rank", [None, 6])
 def test_absorbed_equals_materialised(q_lora_rank):
     torch.manual_seed(1)
-    mla = MultiHeadLatentAttention(24, 3, q_lora_rank=q_lora_rank, rope_interleaved=True,
+    mla = MultiHeadLatentAttention(24, 3, q_lora_rank=q_lora_rank, rope=RotaryConfig(interleaved=True),
                                    dtype=D64, **DIMS)
     x = torch.randn(2, 11, 24, dtype=D64)
     for is_causal in (True, False):
@@ -172,6 +173,23 @@ def test_ranks_that_do_not_fit():
                                  v_head_dim=5)
     with pytest.raises(TypeError, match="rope_interleaved must be a bool"):
         MultiHeadLatentAttention(16, 4, rope_interleaved="yes", **DIMS)
+    with pytest.raises(TypeError, match="rope must be a RotaryConfig or None, got bool"):
+        MultiHeadLatentAttention(16, 4, rope=True, **DIMS)
+    with pytest.raises(ValueError, match="give the RoPE options once"):
+        MultiHeadLatentAttention(16, 4, rope=RotaryConfig(), rope_base=10.0, **DIMS)
+    with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
+        MultiHeadLatentAttention(16, 4, rope=RotaryConfig(scaling={"type": "ntk", "factor": 2}),
+                                 **{**DIMS, "qk_rope_head_dim": 2})
+
+
+def test_former_rope_spelling_warns_and_equals_the_config():
+    torch.manual_seed(0)
+    new = MultiHeadLatentAttention(16, 4, rope=RotaryConfig(base=50.0, interleaved=True), **DIMS)
+    with pytest.warns(DeprecationWarning, match=r"rope_base, rope_interleaved are replaced by rope=RotaryConfig"):
+        old = MultiHeadLatentAttention(16, 4, rope_base=50.0, rope_interleaved=True, **DIMS)
+    old.load_state_dict(new.state_dict())
+    x = torch.randn(2, 5, 16)
+    assert old.rope == new.rope and torch.equal(old(x)[0], new(x)[0])
 
 
 def test_bad_forward_arguments():
@@ -179,7 +197,7 @@ def test_bad_forward_arguments():
     x = torch.randn(2, 3, 16)
     with pytest.raises(ValueError, match=r"x must have shape \(b, n, embed_dim=16\)"):
         mla(torch.randn(2, 3, 8))
-    with pytest.raises(TypeError, match="x must have the module's dtype torch.float32"):
+    with pytest.raises(TypeError, match=r"x must have the dtype of the module's parameters \(torch.float32\)"):
         mla(x.double())
     with pytest.raises(TypeError, match="absorb must be a bool"):
         mla(x, absorb=1)

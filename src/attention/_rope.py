@@ -8,11 +8,14 @@ validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
 from ._checks import (
     broadcast_shapes,
+    check_bool,
     check_dtype,
     check_int,
     check_positive,
@@ -120,3 +123,36 @@ def _apply_rope(
     """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
     angles = positions.to(torch.float64)[..., None] * _inv_freq(x.shape[-1], base, scaling, x.device)
     return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+
+
+def rope_config(rope, owner: str, **legacy):
+    """One :class:`attention.RotaryConfig` from ``rope`` or from the former separate options.
+
+    ``legacy`` maps a former parameter name to ``(field, value)`` (``value`` None when not
+    given); given ones are checked under their own name, folded into a config and warned
+    about (``DeprecationWarning``). ``rope=None`` with none given is the default config.
+    """
+    from .positional import RotaryConfig  # the public class; imported late (no cycle)
+
+    if rope is not None and not isinstance(rope, RotaryConfig):
+        raise TypeError(f"rope must be a RotaryConfig or None, got {type(rope).__name__}")
+    given = {name: fv for name, fv in legacy.items() if fv[1] is not None}
+    if not given:
+        return RotaryConfig() if rope is None else rope
+    if rope is not None:
+        raise ValueError(
+            f"give the RoPE options once, in rope=RotaryConfig(...), not also as {', '.join(given)}"
+        )
+    fields = {}
+    for name, (field, value) in given.items():
+        if field == "base":
+            value = check_positive(name, value)
+        elif field == "interleaved":
+            check_bool(name, value)
+        fields[field] = value
+    warnings.warn(
+        f"{owner}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} replaced by rope=RotaryConfig("
+        + ", ".join(f"{f}=..." for f in fields) + ")",
+        DeprecationWarning, stacklevel=3,
+    )
+    return RotaryConfig(**fields)

@@ -35,7 +35,8 @@ from torch import Tensor
 
 from ._checks import check_bool, check_int, check_size, validate_attention
 from ._core import default_scale, expand_kv_heads, masked_softmax
-from .positional import _apply_rope, _check_base, _check_scaling
+from ._rope import _apply_rope, _check_scaling, rope_config
+from .positional import RotaryConfig
 
 __all__ = ["dual_chunk_positions", "dual_chunk_attention"]
 
@@ -105,8 +106,9 @@ def dual_chunk_attention(
     enable_gqa: bool = False,
     chunk_size: int,
     local_window: int = 0,
-    base: float = 10000.0,
-    interleaved: bool = False,
+    rope: RotaryConfig | None = None,
+    base: float | None = None,
+    interleaved: bool | None = None,
     scaling: dict | None = None,
 ) -> Tensor:
     r"""Causal rotary attention with Dual Chunk Attention's position indices.
@@ -137,7 +139,9 @@ def dual_chunk_attention(
             ``s + w < L`` (Qwen's configs name ``s + w`` "chunk_size" and ``w``
             "local_size").
         local_window: ``w``, ``0 <= w < s``.
-        base, interleaved, scaling: as in :func:`attention.apply_rope`.
+        rope: the rotary embedding's options, a :class:`attention.RotaryConfig` (default
+            ``RotaryConfig()``). ``base=``, ``interleaved=`` and ``scaling=`` are a
+            deprecated spelling of ``rope=RotaryConfig(base=..., ...)``.
 
     Returns:
         ``(..., h, i, e)``. The ``i`` queries are the last ``i`` of the ``j`` positions
@@ -161,12 +165,12 @@ def dual_chunk_attention(
             "the query's), so is_causal must be True"
         )
     s, w = _check_chunking(chunk_size, local_window)
-    base = _check_base(base)
-    check_bool("interleaved", interleaved)
+    rope = rope_config(rope, "dual_chunk_attention", base=("base", base),
+                       interleaved=("interleaved", interleaved), scaling=("scaling", scaling))
     d = query.shape[-1]
     if d % 2:
         raise ValueError(f"the query/key size d must be even for RoPE, got {d}")
-    scaling = _check_scaling(scaling, d)
+    base, interleaved, scaling = rope.base, rope.interleaved, _check_scaling(rope.scaling, d)
     i, j = query.shape[-2], key.shape[-2]
     if i > j:
         raise ValueError(

@@ -32,16 +32,23 @@ The cache is written in place, so it is for inference: use it under
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._cache import LinearCache, buffer_kind
-from ._checks import check_bool, check_int, check_real, check_sizes, check_tensor
+from ._checks import (
+    check_bool,
+    check_dtype,
+    check_int,
+    check_like,
+    check_real,
+    check_sizes,
+    check_tensor,
+)
+from ._rope import _apply_rope, _check_positions, _check_scaling, rope_config
 from .masks import decoding_mask
-from .positional import apply_rope
+from .positional import RotaryConfig
 
 __all__ = ["LatentKVCache", "MultiHeadLatentAttention"]
 
@@ -102,9 +109,7 @@ class LatentKVCache(LinearCache):
         r = check_int("kv_lora_rank", kv_lora_rank, minimum=1)
         q = check_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
         num_layers = check_int("num_layers", num_layers, minimum=1)
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
-        return (r + q) * dtype.itemsize * num_layers
+        return (r + q) * check_dtype("dtype", dtype).itemsize * num_layers
 
     def _buffers(self) -> tuple[Tensor, ...]:
         return (self.buffer,)
@@ -174,9 +179,10 @@ class MultiHeadLatentAttention(nn.Module):
         v_head_dim: ``e``, per-head value size.
         q_lora_rank: rank of the query's compression (None: a full query projection);
             ``<= embed_dim`` and ``<= h * (p + q)``.
-        rope_base: RoPE's base :math:`\theta`.
-        rope_interleaved: rotary pairs ``(2k, 2k+1)`` (True, DeepSeek's layout) or
-            ``(k, k + q/2)`` (False); see :func:`attention.apply_rope`.
+        rope: the decoupled RoPE's options, a :class:`attention.RotaryConfig` (default
+            ``RotaryConfig()``; DeepSeek's layout is ``interleaved=True``). ``rope_base=``
+            and ``rope_interleaved=`` are a deprecated spelling of
+            ``rope=RotaryConfig(base=..., interleaved=...)``.
         norm_eps: epsilon of the two RMSNorms.
         device, dtype: where and in which dtype to create the parameters.
 
@@ -206,11 +212,12 @@ class MultiHeadLatentAttention(nn.Module):
         qk_rope_head_dim: int,
         v_head_dim: int,
         q_lora_rank: int | None = None,
-        rope_base: float = 10000.0,
-        rope_interleaved: bool = False,
+        rope: RotaryConfig | None = None,
         norm_eps: float = 1e-6,
         device=None,
         dtype: torch.dtype | None = None,
+        rope_base: float | None = None,
+        rope_interleaved: bool | None = None,
     ) -> None:
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -235,16 +242,15 @@ class MultiHeadLatentAttention(nn.Module):
                     f"qk_rope_head_dim), got {q_lora_rank} with embed_dim={embed_dim} and "
                     f"{h} * ({p} + {q}) = {h * (p + q)}"
                 )
-        if not (math.isfinite(check_real("rope_base", rope_base)) and rope_base > 0):
-            raise ValueError(f"rope_base must be finite and > 0, got {rope_base}")
-        check_bool("rope_interleaved", rope_interleaved)
+        self.rope = rope_config(rope, "MultiHeadLatentAttention", rope_base=("base", rope_base),
+                                rope_interleaved=("interleaved", rope_interleaved))
+        _check_scaling(self.rope.scaling, q)
         if not check_real("norm_eps", norm_eps) >= 0:
             raise ValueError(f"norm_eps must be >= 0, got {norm_eps}")
 
         self.embed_dim, self.num_heads, self.kv_lora_rank = embed_dim, h, r
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = p, q, e
         self.q_lora_rank = q_lora_rank
-        self.rope_base, self.rope_interleaved = float(rope_base), rope_interleaved
         self.norm_eps = float(norm_eps)
         self.scale = (p + q) ** -0.5
         fac = {"device": device, "dtype": dtype}
@@ -261,8 +267,18 @@ class MultiHeadLatentAttention(nn.Module):
 
     def extra_repr(self) -> str:
         names = ("embed_dim", "num_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
-                 "qk_rope_head_dim", "v_head_dim", "rope_interleaved")
+                 "qk_rope_head_dim", "v_head_dim", "rope")
         return ", ".join(f"{k}={getattr(self, k)}" for k in names)
+
+    @property
+    def rope_base(self) -> float:
+        """``rope.base``; kept for the former spelling."""
+        return self.rope.base
+
+    @property
+    def rope_interleaved(self) -> bool:
+        """``rope.interleaved``; kept for the former spelling."""
+        return self.rope.interleaved
 
     def new_cache(
         self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
@@ -286,22 +302,18 @@ class MultiHeadLatentAttention(nn.Module):
                 f"x must have shape (b, n, embed_dim={self.embed_dim}), got {tuple(x.shape)}"
             )
         weight = self.w_kv_down.weight
-        if x.dtype != weight.dtype:
-            raise TypeError(f"x must have the module's dtype {weight.dtype}, got {x.dtype}")
-        if x.device != weight.device:
-            raise ValueError(f"x must be on the module's device {weight.device}, got {x.device}")
+        check_like("x", x, "the module's parameters", weight)
         check_bool("is_causal", is_causal)
         check_bool("absorb", absorb)
         b, n = x.shape[:2]
         if positions is not None:
             check_tensor("positions", positions)
-            if positions.is_floating_point() or positions.dtype == torch.bool:
-                raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
             if tuple(positions.shape) not in ((n,), (b, n)):
                 raise ValueError(
                     f"positions must have shape (n,) = ({n},) or (b, n) = ({b}, {n}), got "
                     f"{tuple(positions.shape)}"
                 )
+            _check_positions(positions, (b, n), x, "x", "(b, n)")
         if cache is None:
             return
         if not isinstance(cache, LatentKVCache):
@@ -353,7 +365,7 @@ class MultiHeadLatentAttention(nn.Module):
         num_cached = 0 if cache is None else cache.length
         if positions is None:
             positions = torch.arange(num_cached, num_cached + n, device=x.device)  # (n,)
-        rope = {"base": self.rope_base, "interleaved": self.rope_interleaved}
+        rope = (self.rope.base, self.rope.interleaved, _check_scaling(self.rope.scaling, q))
         head_pos = positions if positions.dim() == 1 else positions[:, None]  # (n,) or (b, 1, n)
 
         if self.q_lora_rank is None:
@@ -362,11 +374,11 @@ class MultiHeadLatentAttention(nn.Module):
             query = self.w_query_up(self.query_norm(self.w_query_down(x)))
         query = query.view(b, n, h, p + q).transpose(1, 2)  # (b, h, n, p+q)
         q_nope, q_rope = query.split([p, q], dim=-1)  # (b, h, n, p), (b, h, n, q)
-        q_rope = apply_rope(q_rope, head_pos, **rope)
+        q_rope = _apply_rope(q_rope, head_pos, *rope)
 
         latent, k_rope = self.w_kv_down(x).split([r, q], dim=-1)  # (b, n, r), (b, n, q)
         latent = self.kv_norm(latent)
-        k_rope = apply_rope(k_rope, positions, **rope)  # (b, n, q)
+        k_rope = _apply_rope(k_rope, positions, *rope)  # (b, n, q)
         if cache is not None:
             latent, k_rope = cache.update(latent, k_rope)  # (b, j, r), (b, j, q)
         j = latent.shape[1]
@@ -405,7 +417,7 @@ class MultiHeadLatentAttention(nn.Module):
     def from_transformers(cls, module: nn.Module) -> MultiHeadLatentAttention:
         """A copy of a transformers ``DeepseekV3Attention`` with the same outputs.
 
-        ``rope_interleaved`` comes from ``config.rope_interleave``, ``rope_base`` from
+        ``rope.interleaved`` comes from ``config.rope_interleave``, ``rope.base`` from
         ``config.rope_parameters["rope_theta"]`` and ``norm_eps`` from the module's latent
         RMSNorm. The copy has the module's device, dtype and training mode. (Its attention
         has no dropout: with ``config.attention_dropout > 0`` the two agree in eval mode.)
@@ -452,8 +464,8 @@ class MultiHeadLatentAttention(nn.Module):
             qk_rope_head_dim=config.qk_rope_head_dim,
             v_head_dim=config.v_head_dim,
             q_lora_rank=config.q_lora_rank,
-            rope_base=float(rope_parameters.get("rope_theta", 10000.0)),
-            rope_interleaved=bool(config.rope_interleave),
+            rope=RotaryConfig(base=float(rope_parameters.get("rope_theta", 10000.0)),
+                              interleaved=bool(config.rope_interleave)),
             norm_eps=float(eps),
             device=ref.device,
             dtype=ref.dtype,

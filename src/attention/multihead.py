@@ -21,7 +21,6 @@ attention itself is any kernel on the package's contract (``attention_fn``).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -40,7 +39,7 @@ from ._checks import (
     check_tensor,
 )
 from ._core import _attention
-from ._rope import _apply_rope, _check_positions, _check_scaling
+from ._rope import _apply_rope, _check_positions, _check_scaling, rope_config
 from .kv_cache import KVCache
 from .positional import RotaryConfig
 
@@ -99,18 +98,9 @@ def _rope_config(rope, rope_base, rope_interleaved) -> RotaryConfig | None:
     """``rope`` (a RotaryConfig, True, False or None) and the former flags, as one config."""
     if rope is not None and not isinstance(rope, (bool, RotaryConfig)):
         raise TypeError(f"rope must be a RotaryConfig, a bool or None, got {type(rope).__name__}")
-    if rope_base is None and rope_interleaved is None:
-        return RotaryConfig() if rope is True else (rope or None)
-    warnings.warn(
-        "rope_base and rope_interleaved are replaced by rope=RotaryConfig(base=..., "
-        "interleaved=...)", DeprecationWarning, stacklevel=3,
-    )
-    if isinstance(rope, RotaryConfig):
-        raise ValueError("give the RoPE options in rope=RotaryConfig(...) only, not also as rope_base/rope_interleaved")
-    if not rope:
-        return None
-    base = 10000.0 if rope_base is None else rope_base
-    return RotaryConfig(base=base, interleaved=bool(rope_interleaved))
+    config = rope_config(None if rope in (None, True, False) else rope, "MultiHeadAttention",
+                         rope_base=("base", rope_base), rope_interleaved=("interleaved", rope_interleaved))
+    return None if rope in (None, False) else config
 
 
 class MultiHeadAttention(nn.Module):
