@@ -29,10 +29,34 @@ T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)  # noqa: E731
 # ---------------------------------------------------------------- one masked softmax, one GQA
 
 
-def test_every_kernel_uses_the_one_masked_softmax():
-    assert scaled_dot_product.masked_softmax is _core.masked_softmax
-    assert additive.masked_softmax is _core.masked_softmax
-    assert alignment.masked_softmax is _core.masked_softmax
+def test_every_masked_softmax_of_the_package_behaves_as_torchs_sdpa_weights():
+    """The weights of the reference kernel, the multi-dimensional and the soft alignments
+    all follow one rule: torch's masked softmax, zeros for a row with no visible key (with
+    finite gradients), NaN for a NaN score even where masked."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 4, 5, dtype=f64, generator=g, requires_grad=True)
+    mask = torch.rand(3, 4, 5, generator=g) > 0.4
+    mask[:, 1] = False  # one query sees no key
+    expected = torch.softmax(scores.detach().masked_fill(~mask, float("-inf")), dim=-1)
+    expected = expected.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    eye = torch.eye(5, dtype=f64)
+    ways = {
+        "attention_weights": lambda s, m: scaled_dot_product.attention_weights(s, eye, attn_mask=m, scale=1.0),
+        "soft_alignment": lambda s, m: alignment.soft_alignment(s, attn_mask=m),
+        "multidimensional_weights": lambda s, m: additive.multidimensional_weights(
+            s[..., None], attn_mask=m
+        )[..., 0],
+    }
+    for name, way in ways.items():
+        got = way(scores, mask)
+        torch.testing.assert_close(got, expected, msg=name)
+        (grad,) = torch.autograd.grad(got.sum(), scores)
+        assert torch.isfinite(grad).all(), name
+        poisoned = scores.detach().clone()
+        poisoned[0, 0, 0] = float("nan")
+        hidden = mask.clone()
+        hidden[0, 0, 0] = False
+        assert torch.isnan(way(poisoned, hidden)[0, 0]).all(), name
 
 
 @pytest.mark.parametrize("dim", [-1, -2, 0])

@@ -123,3 +123,18 @@ def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropo
     if enable_gqa:
         value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
     return dropped @ value, weights  # (..., h, i, e), (..., h, i, j)
+
+
+def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
+                     finite: bool | None = None) -> Tensor:
+    """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a NaN value.
+
+    A zero weight times an infinite or NaN value is NaN, so a future value would reach
+    earlier queries through the matmul; written out as a masked sum it cannot. (Only
+    taken when ``value`` holds such numbers; ``finite`` says so when already known.)
+    Shared by the sparse, linear and LSH kernels.
+    """
+    if hidden is None or (finite if finite is not None else bool(torch.isfinite(value).all())):
+        return weights @ value
+    terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
+    return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)

@@ -39,14 +39,8 @@ from ._checks import (
     check_value,
 )
 from ._core import masked_softmax
-from .scoring import (
-    AdditiveScore,
-    _additive_hidden,
-    _check_param,
-    _check_sizes,
-    additive_hidden,
-    get_activation,
-)
+from ._scoring import additive_hidden_core, check_feature_sizes, check_param
+from .scoring import AdditiveScore, additive_hidden, get_activation
 
 # The functional multi-dimensional pieces are imported from this module
 # (``from attention.additive import multidimensional_weights``).
@@ -74,7 +68,7 @@ def _attention_inputs(query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: 
     single = query.dim() == key.dim() - 1
     if single:
         query = query.unsqueeze(-2)  # (b, 1, d_q)
-    _check_sizes(query, key, d_q, d_k)
+    check_feature_sizes(query, key, d_q, d_k)
     check_like("query", query, "the module's parameters", weight)
     batch = broadcast_shapes("the batch dims of query, key and value", query.shape[:-2],
                              key.shape[:-2], value.shape[:-2])
@@ -95,7 +89,7 @@ def _hidden_inputs(score, query, key, value, attn_mask, *, d_v: int | None, weig
     query, value, attn_mask, single = _attention_inputs(
         query, key, value, attn_mask, d_q=score.d_q, d_k=score.d_k, d_v=d_v, weight=weight)
     act = get_activation(score.activation)
-    hidden = _additive_hidden(query, key, score.w_query, score.w_key, score.bias, act)
+    hidden = additive_hidden_core(query, key, score.w_query, score.w_key, score.bias, act)
     return hidden, value, attn_mask, single
 
 
@@ -195,7 +189,7 @@ def multidimensional_scores(
         )
     check_like("w_out", w_out, "w_query", w_query)
     if out_bias is not None:
-        _check_param("out_bias", out_bias, (w_out.shape[0],), "(f,)", w_out)
+        check_param("out_bias", out_bias, (w_out.shape[0],), "(f,)", w_out)
     hidden = additive_hidden(query, key, w_query, w_key, bias, activation)  # (..., i, j, a)
     scores = hidden @ w_out.transpose(0, 1)  # (..., i, j, f)
     return scores if out_bias is None else scores + out_bias

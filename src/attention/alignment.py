@@ -41,9 +41,7 @@ from ._checks import (
     check_value,
 )
 from ._core import masked_softmax
-from .scoring import (
-    _check_param,
-)
+from ._scoring import check_param
 
 # The functions are imported from this module (``from attention.alignment import
 # soft_alignment``); the facade exports the mechanisms.
@@ -221,7 +219,7 @@ def local_centre(query: Tensor, w_p: Tensor, v_p: Tensor, source_length: int) ->
     check_tensor("w_p", w_p, floating=True)
     if w_p.dim() != 2:
         raise ValueError(f"w_p must be a (a, d_q) matrix, got shape {tuple(w_p.shape)}")
-    _check_param("v_p", v_p, (w_p.shape[0],), "(a,)", query)
+    check_param("v_p", v_p, (w_p.shape[0],), "(a,)", query)
     check_like("query", query, "w_p", w_p)
     if query.shape[-1] != w_p.shape[1]:
         raise ValueError(

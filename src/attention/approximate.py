@@ -38,9 +38,7 @@ from ._checks import (
     check_tensor,
     validate_attention,
 )
-from ._core import default_scale
-from .scaled_dot_product import _attention
-from .sparse import _matmul_skipping
+from ._core import _attention, _matmul_skipping, default_scale
 
 __all__ = ["lsh_attention", "linformer_attention"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_sizes
-from .self_attention import _attend, _check_features, _check_options
+from ._single_head import _attend, _check_features, _check_options
 
 __all__ = ["CrossAttention"]
 

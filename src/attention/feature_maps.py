@@ -65,6 +65,8 @@ def relu_feature_map(x: Tensor) -> Tensor:
 class _RandomFeatures:
     """Positive random features for the softmax kernel (FAVOR+); see :func:`random_feature_map`."""
 
+    non_negative = True  # exp(...) > 0: linear attention skips its sign scan
+
     def __init__(self, projection: Tensor, scale: float):
         self.projection = projection  # (d, f)
         self.scale = scale

@@ -58,9 +58,8 @@ from ._checks import (
     validate_attention,
     validate_weights,
 )
-from ._core import expand_kv_heads, top_left_causal
-from .feature_maps import FeatureMap, _RandomFeatures, elu_feature_map, relu_feature_map
-from .sparse import _matmul_skipping
+from ._core import _matmul_skipping, expand_kv_heads, top_left_causal
+from .feature_maps import FeatureMap, elu_feature_map, relu_feature_map
 
 __all__ = ["linear_attention", "linear_attention_weights", "linear_attention_step"]
 
@@ -138,9 +137,10 @@ def _features(feature_map: FeatureMap, query: Tensor, key: Tensor) -> tuple[Tens
 
 
 def _known_non_negative(feature_map) -> bool:
-    """The package's own maps are non-negative by construction, so the scan is skipped."""
-    return feature_map in (elu_feature_map, relu_feature_map) or isinstance(
-        feature_map, _RandomFeatures
+    """The package's own maps are non-negative by construction, so the scan is skipped
+    (a random feature map says so with its ``non_negative`` attribute)."""
+    return feature_map in (elu_feature_map, relu_feature_map) or (
+        getattr(feature_map, "non_negative", False) is True
     )
 
 

@@ -33,16 +33,20 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
-    broadcast_shapes,
     check_bool,
     check_like,
-    check_qk,
     check_real,
     check_scale,
     check_sizes,
-    check_tensor,
 )
 from ._core import default_scale
+from ._scoring import (
+    additive_hidden_core,
+    check_feature_sizes,
+    check_matrix,
+    check_pair,
+    check_param,
+)
 
 # The score functions and activations are imported from this module
 # (``from attention.scoring import dot_scores``); the facade exports the modules.
@@ -81,37 +85,6 @@ def get_activation(name: str | None) -> Callable[[Tensor], Tensor]:
 # --------------------------------------------------------------------------- checks
 
 
-def _check_pair(query, key, *, same_size: bool) -> None:
-    """query ``(..., i, d_q)`` and key ``(..., j, d_k)`` with broadcasting batch dims."""
-    check_qk(query, key, same_size=same_size)
-    broadcast_shapes("the batch dims of query and key", query.shape[:-2], key.shape[:-2])
-
-
-def _check_sizes(query: Tensor, key: Tensor, d_q: int, d_k: int) -> None:
-    """Learnable scores: the last dims must be the sizes the parameters were built for."""
-    _check_pair(query, key, same_size=False)
-    for name, t, size, size_name in (("query", query, d_q, "d_q"), ("key", key, d_k, "d_k")):
-        if t.shape[-1] != size:
-            raise ValueError(
-                f"{name} must have {size_name} = {size} features (its last dimension), "
-                f"got {t.shape[-1]}"
-            )
-
-
-def _check_param(name: str, p, shape: tuple[int, ...], shape_text: str, query: Tensor) -> None:
-    """A parameter tensor of exactly ``shape``, with the query's dtype and device."""
-    check_tensor(name, p, floating=True)
-    if tuple(p.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape_text} = {shape}, got {tuple(p.shape)}")
-    check_like("query", query, name, p)
-
-
-def _check_matrix(name: str, w, rows_name: str) -> None:
-    check_tensor(name, w, floating=True)
-    if w.dim() != 2:
-        raise ValueError(f"{name} must be a 2-D ({rows_name}, d) matrix, got shape {tuple(w.shape)}")
-
-
 # --------------------------------------------------------------------------- functions
 
 
@@ -129,7 +102,7 @@ def dot_scores(query: Tensor, key: Tensor) -> Tensor:
         >>> dot_scores(torch.ones(1, 2), torch.tensor([[1.0, 2.0], [0.0, 0.0]])).tolist()
         [[3.0, 0.0]]
     """
-    _check_pair(query, key, same_size=True)
+    check_pair(query, key, same_size=True)
     return query @ key.transpose(-2, -1)  # (..., i, j)
 
 
@@ -151,7 +124,7 @@ def scaled_dot_scores(query: Tensor, key: Tensor, *, scale: float | None = None)
         >>> scaled_dot_scores(torch.ones(1, 4), torch.ones(1, 4)).tolist()
         [[2.0]]
     """
-    _check_pair(query, key, same_size=True)
+    check_pair(query, key, same_size=True)
     scale = default_scale(check_scale(scale), query.shape[-1])
     return (query @ key.transpose(-2, -1)) * scale  # (..., i, j)
 
@@ -174,7 +147,7 @@ def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
         >>> round(cosine_scores(torch.tensor([[3.0, 0.0]]), torch.tensor([[1.0, 1.0]])).item(), 4)
         0.7071
     """
-    _check_pair(query, key, same_size=True)
+    check_pair(query, key, same_size=True)
     eps = check_real("eps", eps)
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
@@ -211,12 +184,12 @@ def general_scores(
         [[2.0, 2.0, 2.0]]
     """
     act = get_activation(activation)
-    _check_matrix("weight", weight, "d_k")
+    check_matrix("weight", weight, "d_k")
     d_k, d_q = weight.shape
-    _check_sizes(query, key, d_q, d_k)
+    check_feature_sizes(query, key, d_q, d_k)
     check_like("query", query, "weight", weight)
     if bias is not None:
-        _check_param("bias", bias, (d_k,), "(d_k,)", query)
+        check_param("bias", bias, (d_k,), "(d_k,)", query)
     projected = query @ weight.transpose(0, 1)  # (..., i, d_k): W q_i
     if bias is not None:
         projected = projected + bias
@@ -225,29 +198,20 @@ def general_scores(
 
 def _check_additive(query, key, w_query, w_key, bias) -> int:
     """Checks of the additive score's arguments; returns the hidden size ``a``."""
-    _check_matrix("w_query", w_query, "a")
-    _check_matrix("w_key", w_key, "a")
+    check_matrix("w_query", w_query, "a")
+    check_matrix("w_key", w_key, "a")
     if w_query.shape[0] != w_key.shape[0]:
         raise ValueError(
             "w_query and w_key must project to the same hidden size a, "
             f"got {w_query.shape[0]} and {w_key.shape[0]}"
         )
-    _check_sizes(query, key, w_query.shape[1], w_key.shape[1])
+    check_feature_sizes(query, key, w_query.shape[1], w_key.shape[1])
     check_like("query", query, "w_query", w_query)
     check_like("query", query, "w_key", w_key)
     a = w_query.shape[0]
     if bias is not None:
-        _check_param("bias", bias, (a,), "(a,)", query)
+        check_param("bias", bias, (a,), "(a,)", query)
     return a
-
-
-def _additive_hidden(query, key, w_query, w_key, bias, act) -> Tensor:
-    """Unchecked core of :func:`additive_hidden`: ``(..., i, j, a)``."""
-    q = query @ w_query.transpose(0, 1)  # (..., i, a)
-    if bias is not None:
-        q = q + bias  # added once per query, not once per (query, key) pair
-    k = key @ w_key.transpose(0, 1)  # (..., j, a)
-    return act(q.unsqueeze(-2) + k.unsqueeze(-3))  # (..., i, j, a)
 
 
 def additive_hidden(
@@ -280,7 +244,7 @@ def additive_hidden(
     """
     act = get_activation(activation)
     _check_additive(query, key, w_query, w_key, bias)
-    return _additive_hidden(query, key, w_query, w_key, bias, act)
+    return additive_hidden_core(query, key, w_query, w_key, bias, act)
 
 
 def additive_scores(
@@ -316,8 +280,8 @@ def additive_scores(
     """
     act = get_activation(activation)
     a = _check_additive(query, key, w_query, w_key, bias)
-    _check_param("v", v, (a,), "(a,)", query)
-    hidden = _additive_hidden(query, key, w_query, w_key, bias, act)  # (..., i, j, a)
+    check_param("v", v, (a,), "(a,)", query)
+    hidden = additive_hidden_core(query, key, w_query, w_key, bias, act)  # (..., i, j, a)
     return hidden @ v  # (..., i, j)
 
 

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from . import _sparse_cpu
 from ._checks import broadcast_shapes, check_same_device, check_size, validate_attention
-from ._core import default_scale, expand_kv_heads, masked_softmax
-from .patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
+from ._core import _matmul_skipping, default_scale, expand_kv_heads, masked_softmax
+from ._patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
 
 __all__ = ["sliding_window_attention", "block_sparse_attention"]
 
@@ -153,21 +153,6 @@ def _band_tile_attention(q: Tensor, k: Tensor, v: Tensor, band_bias: Tensor, out
         scores.masked_fill_(outside_band, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (..., c, B, T)
     return _matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
-
-
-def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
-                     finite: bool | None = None) -> Tensor:
-    """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a NaN value.
-
-    A zero weight times an infinite or NaN value is NaN, so a future value would reach
-    earlier queries through the matmul; written out as a masked sum it cannot. (Only
-    taken when ``value`` holds such numbers; ``finite`` says so when already known.)
-    Shared by the sparse, linear and LSH kernels.
-    """
-    if hidden is None or (finite if finite is not None else bool(torch.isfinite(value).all())):
-        return weights @ value
-    terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
-    return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)
 
 
 def _all_finite(*tensors: Tensor) -> bool:
