@@ -14,3 +14,22 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "course"))
 torch.set_num_threads(1)
+
+
+def qkv(i, j=None, *, d=8, e=5, batch=(2, 3), h=None, h_kv=None, seed=0, grad=False,
+        dtype=torch.float64, size=1.0):
+    """Random query ``(*batch, [h,] i, d)``, key ``(*batch, [h_kv,] j, d)`` and value
+    ``(*batch, [h_kv,] j, e)``, drawn in that order from one seeded generator (float64).
+
+    The one test helper for attention inputs (``from conftest import qkv``). ``h`` and
+    ``h_kv`` add a heads axis (``h_kv`` defaults to ``h``); ``size`` multiplies the queries
+    and keys (large logits); ``grad`` makes all three leaves that require grad.
+    """
+    j = i if j is None else j
+    heads_q = () if h is None else (h,)
+    heads_kv = heads_q if h_kv is None else (h_kv,)
+    g = torch.Generator().manual_seed(seed)
+    q = size * torch.randn(*batch, *heads_q, i, d, generator=g, dtype=dtype)
+    k = size * torch.randn(*batch, *heads_kv, j, d, generator=g, dtype=dtype)
+    v = torch.randn(*batch, *heads_kv, j, e, generator=g, dtype=dtype)
+    return [t.requires_grad_(grad) for t in (q, k, v)]

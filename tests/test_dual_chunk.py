@@ -20,17 +20,13 @@ from attention import (
     dual_chunk_positions,
     scaled_dot_product_attention,
 )
+from conftest import qkv
 
 DT = torch.float64
 
 
 def _qkv(b, h, h_kv, i, j, d, e, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(b, h, i, d, generator=g, dtype=DT),
-        torch.randn(b, h_kv, j, d, generator=g, dtype=DT),
-        torch.randn(b, h_kv, j, e, generator=g, dtype=DT),
-    )
+    return qkv(i, j, d=d, e=e, batch=(b,), h=h, h_kv=h_kv, seed=seed)
 
 
 def _dense_dca(q, k, v, s, w, attn_mask=None):

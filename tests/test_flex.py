@@ -18,6 +18,7 @@ from attention import (
 )
 from attention.logits import softcap_attention
 from attention.sinks import attention_with_sinks, streaming_mask
+from conftest import qkv
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -26,10 +27,7 @@ N, H, D = 24, 4, 8
 
 
 def _qkv(h_kv=H, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, H, N, D, generator=g, dtype=D64),
-            torch.randn(2, h_kv, N, D, generator=g, dtype=D64),
-            torch.randn(2, h_kv, N, D, generator=g, dtype=D64))
+    return qkv(N, d=D, e=D, batch=(2,), h=H, h_kv=h_kv, seed=seed)
 
 
 DOC = torch.tensor([0] * 5 + [1] * 11 + [2] * 8)  # three packed documents

@@ -17,17 +17,9 @@ from attention import (
 )
 from attention.feature_maps import elu_feature_map, relu_feature_map
 from attention.linear import linear_attention_naive
+from conftest import qkv
 
 F64 = torch.float64
-
-
-def qkv(i, j=None, d=8, e=5, batch=(2, 3), seed=0, grad=False):
-    j = i if j is None else j
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(*batch, i, d, generator=g, dtype=F64)
-    k = torch.randn(*batch, j, d, generator=g, dtype=F64)
-    v = torch.randn(*batch, j, e, generator=g, dtype=F64)
-    return [t.requires_grad_(grad) for t in (q, k, v)]
 
 
 def grads(out, inputs, seed=1):

@@ -10,15 +10,13 @@ from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward a
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from attention.logits import qk_norm, soft_cap, softcap_attention
+from conftest import qkv
 
 D64 = torch.float64
 
 
 def _qkv(b=2, h=4, h_kv=2, i=5, j=6, d=8, e=3, seed=0, size=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (size * torch.randn(b, h, i, d, generator=g, dtype=D64),
-            size * torch.randn(b, h_kv, j, d, generator=g, dtype=D64),
-            torch.randn(b, h_kv, j, e, generator=g, dtype=D64))
+    return qkv(i, j, d=d, e=e, batch=(b,), h=h, h_kv=h_kv, seed=seed, size=size)
 
 
 def test_soft_cap_formula_range_and_slope():

@@ -13,6 +13,7 @@ from attention.sinks import (
     sink_attention_weights,
     streaming_mask,
 )
+from conftest import qkv
 
 D64 = torch.float64
 
@@ -28,10 +29,7 @@ class _GptOssStub(nn.Module):
 
 
 def _qkv(b=2, h=4, h_kv=2, i=5, j=7, d=6, e=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, i, d, generator=g, dtype=D64),
-            torch.randn(b, h_kv, j, d, generator=g, dtype=D64),
-            torch.randn(b, h_kv, j, e, generator=g, dtype=D64))
+    return qkv(i, j, d=d, e=e, batch=(b,), h=h, h_kv=h_kv, seed=seed)
 
 
 @pytest.mark.parametrize("h_kv", [4, 2, 1])

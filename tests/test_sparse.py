@@ -22,15 +22,12 @@ from attention import (
     sliding_window_attention,
     sliding_window_mask,
 )
+from conftest import qkv as shared_qkv
 
 
-def qkv(n, *, batch=(2, 3), d=8, e=5, seed=0, j=None, grad=True):
-    g = torch.Generator().manual_seed(seed)
-    j = n if j is None else j
-    q = torch.randn(*batch, n, d, generator=g, dtype=torch.float64, requires_grad=grad)
-    k = torch.randn(*batch, j, d, generator=g, dtype=torch.float64, requires_grad=grad)
-    v = torch.randn(*batch, j, e, generator=g, dtype=torch.float64, requires_grad=grad)
-    return q, k, v
+def qkv(n, *, grad=True, **options):
+    """The shared helper, with gradients on by default (every test here checks them)."""
+    return shared_qkv(n, grad=grad, **options)
 
 
 def assert_same_with_grads(out, ref, inputs):

@@ -7,17 +7,9 @@ from hypothesis import strategies as st
 
 from attention import online_softmax, scaled_dot_product_attention, softmax, tiled_attention
 from attention.tiled import online_softmax_blocked
+from conftest import qkv
 
 F64 = torch.float64
-
-
-def qkv(i, j=None, d=8, e=5, batch=(2, 3), seed=0, grad=False):
-    j = i if j is None else j
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(*batch, i, d, generator=g, dtype=F64)
-    k = torch.randn(*batch, j, d, generator=g, dtype=F64)
-    v = torch.randn(*batch, j, e, generator=g, dtype=F64)
-    return [t.requires_grad_(grad) for t in (q, k, v)]
 
 
 def grads(out, inputs, seed=1):
