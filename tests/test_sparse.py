@@ -268,37 +268,55 @@ POISON = [float("nan"), float("inf"), -float("inf"), 1e300]
 
 @pytest.mark.parametrize("poison", POISON)
 @pytest.mark.parametrize("window", [7, (7, 0), (2, 9)])
-def test_sliding_window_keys_outside_the_window_never_reach_a_row(poison, window):
+def test_sliding_window_values_outside_the_window_never_reach_a_row(poison, window):
     n, bad = 60, 41
     q, k, v = qkv(n, batch=(1, 2), grad=False)
-    k2, v2 = k.clone(), v.clone()
-    k2[..., bad, :], v2[..., bad, :] = poison, poison
+    v2 = v.clone()
+    v2[..., bad, :] = poison
     mask = sliding_window_mask(n, window)
     a = sliding_window_attention(q, k, v, window=window, block_size=16)
-    b = sliding_window_attention(q, k2, v2, window=window, block_size=16)
-    blind = ~mask[:, bad]  # the queries that may not see the poisoned key
+    b = sliding_window_attention(q, k, v2, window=window, block_size=16)
+    blind = ~mask[:, bad]  # the queries that may not see the poisoned value
     torch.testing.assert_close(b[..., blind, :], a[..., blind, :])
-    if poison != poison:  # NaN: the queries that see it get NaN, as in torch
-        assert b[..., ~blind, :].isnan().all()
-        assert F.scaled_dot_product_attention(q, k2, v2, attn_mask=mask)[..., ~blind, :].isnan().all()
+
+
+@pytest.mark.parametrize("poison", POISON)
+@pytest.mark.parametrize("window", [7, (7, 0), (2, 9)])
+def test_sliding_window_non_finite_keys_follow_the_dense_reference(poison, window):
+    """The package's one rule for scores: a NaN or +inf score poisons its row even where the
+    key is hidden (as torch adds the mask); finite scores of hidden keys change nothing."""
+    n, bad = 60, 41
+    q, k, v = qkv(n, batch=(1, 2), grad=False)
+    k2 = k.clone()
+    k2[..., bad, :] = poison
+    mask = sliding_window_mask(n, window)
+    got = sliding_window_attention(q, k2, v, window=window, block_size=16)
+    torch.testing.assert_close(got, scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True)
+    if poison == 1e300:
+        assert not got.isnan().any()
 
 
 @pytest.mark.parametrize("poison", POISON)
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_block_sparse_keys_outside_the_layout_never_reach_a_row(poison, is_causal):
+def test_block_sparse_hidden_values_never_reach_a_row_and_keys_follow_the_reference(poison, is_causal):
     n, B, bad = 45, 8, 30
     layout = random_layout(6, 6, 5, p=0.5)
     layout[3, 3] = layout[0, 3] = True
     q, k, v = qkv(n, batch=(1,), grad=False)
-    k2, v2 = k.clone(), v.clone()
-    k2[..., bad, :], v2[..., bad, :] = poison, poison
+    v2 = v.clone()
+    v2[..., bad, :] = poison
     mask = block_sparse_mask(layout, B, n) & (causal(n, n) if is_causal else True)
     a = block_sparse_attention(q, k, v, layout=layout, block_size=B, is_causal=is_causal)
-    b = block_sparse_attention(q, k2, v2, layout=layout, block_size=B, is_causal=is_causal)
+    b = block_sparse_attention(q, k, v2, layout=layout, block_size=B, is_causal=is_causal)
     blind = ~mask[:, bad]
     torch.testing.assert_close(b[..., blind, :], a[..., blind, :])
     if poison != poison:
         assert b[..., ~blind, :].isnan().all()
+    k2 = k.clone()
+    k2[..., bad, :] = poison
+    got = block_sparse_attention(q, k2, v, layout=layout, block_size=B, is_causal=is_causal)
+    torch.testing.assert_close(got, scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True)
 
 
 def test_attn_mask_hidden_keys_never_reach_a_row():

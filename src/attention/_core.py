@@ -138,3 +138,33 @@ def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
         return weights @ value
     terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
     return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)
+
+
+def poisoned_rows(query: Tensor, key: Tensor, scale: float, enable_gqa: bool,
+                  block_size: int = 512) -> Tensor | None:
+    """``(..., h, i, 1)`` True for the queries with a NaN or ``+inf`` score against *any* key.
+
+    The package's rule for non-finite scores, the one torch's
+    ``scaled_dot_product_attention`` follows: a mask is added to the scores, so a NaN or
+    ``+inf`` score makes its whole row NaN even where the key is masked (or in the
+    future of a causal query). The reference computes every score and gets this for free;
+    a kernel that skips masked blocks calls this and fills these rows with NaN, so both
+    agree. Returns None (nothing to fill) when every score is finite: checked with one
+    bound, ``max|q| * max|k| * d * |scale|`` below the dtype's largest number, so the
+    scores are only recomputed (a block of keys at a time) for non-finite or huge inputs.
+    """
+    d, j = query.shape[-1], key.shape[-2]
+    if d == 0 or j == 0 or query.numel() == 0 or query.device.type == "meta":
+        return None
+    with torch.no_grad():
+        bound = query.abs().amax().to(torch.float64) * key.abs().amax().to(torch.float64) * d * abs(scale)
+        if bool(bound < torch.finfo(query.dtype).max):  # False for NaN or inf
+            return None
+        if enable_gqa:
+            key = expand_kv_heads(key, query.shape[-3])
+        bad = None
+        for j0 in range(0, j, block_size):
+            s = (query @ key[..., j0 : j0 + block_size, :].transpose(-2, -1)) * scale
+            hit = (torch.isnan(s) | torch.isposinf(s)).any(dim=-1, keepdim=True)  # (..., i, 1)
+            bad = hit if bad is None else bad | hit
+    return bad if bool(bad.any()) else None

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from . import _sparse_cpu
 from ._checks import broadcast_shapes, check_same_device, check_size, validate_attention
-from ._core import _matmul_skipping, default_scale, expand_kv_heads, masked_softmax
+from ._core import _matmul_skipping, default_scale, expand_kv_heads, masked_softmax, poisoned_rows
 from ._patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
 
 __all__ = ["sliding_window_attention", "block_sparse_attention"]
@@ -155,6 +155,13 @@ def _band_tile_attention(q: Tensor, k: Tensor, v: Tensor, band_bias: Tensor, out
     return _matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
 
 
+def _poison(out: Tensor, query: Tensor, key: Tensor, scale: float) -> Tensor:
+    """NaN in the rows whose score against any key, kept or skipped, is NaN or ``+inf``: the
+    rule of the dense reference (``_core.poisoned_rows``)."""
+    bad = poisoned_rows(query, key, scale, False)
+    return out if bad is None else out.masked_fill(bad, float("nan"))
+
+
 def _all_finite(*tensors: Tensor) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
@@ -201,7 +208,8 @@ def sliding_window_attention(
 
     Returns:
         ``(..., h, i, e)``. A query that sees no key (possible with ``attn_mask`` or
-        ``i > j``) gets a zero output.
+        ``i > j``) gets a zero output. A query whose score against any key, even one
+        outside its window, is NaN or ``+inf`` gets NaN, as in the dense reference.
 
     Example:
         >>> q = k = torch.zeros(1, 4, 2); v = torch.arange(4.0).reshape(1, 4, 1)
@@ -223,7 +231,8 @@ def sliding_window_attention(
     # Bounds past the first or last key reach nothing more: clamp them (same result).
     left, right = min(left, j - 1), min(right, i - 1)
     B = min(i, block_size if block_size is not None else max(left, right, 32))
-    return _sliding_window(query, key, value, attn_mask, scale, left, right, B)
+    out = _sliding_window(query, key, value, attn_mask, scale, left, right, B)
+    return _poison(out, query, key, scale)
 
 
 def _sliding_window(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float,
@@ -333,8 +342,9 @@ def block_sparse_attention(
             256-row tile at about 1.5 times (``benchmarks/sparse.py`` measures this).
 
     Returns:
-        ``(..., h, i, e)``. A query that sees no key gets a zero output, as in the dense
-        reference.
+        ``(..., h, i, e)``. A query that sees no key gets a zero output, and one whose
+        score against any key (computed or skipped) is NaN or ``+inf`` gets NaN, as in the
+        dense reference.
 
     Example:
         >>> q = k = torch.zeros(1, 4, 2); v = torch.arange(4.0).reshape(1, 4, 1)
@@ -356,8 +366,9 @@ def block_sparse_attention(
     if attn_mask is None and not is_causal:
         out = _sparse_cpu.block_sparse_runs(query, key, value, layout, B, scale)
         if out is not None:
-            return out
-    return _block_sparse_gather(query, key, value, attn_mask, is_causal, scale, layout, B)
+            return _poison(out, query, key, scale)
+    out = _block_sparse_gather(query, key, value, attn_mask, is_causal, scale, layout, B)
+    return _poison(out, query, key, scale)
 
 
 def _block_sparse_gather(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,

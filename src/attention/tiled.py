@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_dim, check_int, check_size, check_tensor, validate_attention
-from ._core import default_scale
+from ._core import default_scale, poisoned_rows
 from ._tiled import _INF, _backward, _forward, _shift, _TiledAttention  # noqa: F401 (kept importable here)
 
 __all__ = ["online_softmax", "tiled_attention"]
@@ -163,7 +163,9 @@ def tiled_attention(
     Returns:
         ``(..., h, i, e)``, equal to ``torch.nn.functional.scaled_dot_product_attention``:
         a query with no visible key (or ``j = 0``) gets a zero output and a zero gradient;
-        NaN in a visible input, in a float mask or in ``scale`` propagates as in torch.
+        NaN in a visible input, in a float mask or in ``scale`` propagates as in torch, and
+        so does a NaN or ``+inf`` score against a masked (or causally hidden) key: its row
+        is NaN, as in torch and :func:`~attention.scaled_dot_product_attention`.
         With ``return_lse`` always the pair ``(output, lse)``, ``lse`` of shape
         ``(..., h, i)`` (``-inf`` for a query with no visible key), differentiable too.
 
@@ -190,4 +192,7 @@ def tiled_attention(
     out, lse = _TiledAttention.apply(q, k, v, mask, is_causal, scale, block_size)
     if enable_gqa:
         out, lse = out.flatten(-4, -3), lse.flatten(-3, -2)  # back to (..., h, i, *)
+    bad = poisoned_rows(query, key, scale, enable_gqa)  # a skipped or masked +inf/NaN score
+    if bad is not None:
+        out, lse = out.masked_fill(bad, float("nan")), lse.masked_fill(bad.squeeze(-1), float("nan"))
     return (out, lse) if return_lse else out
