@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_int, check_size, validate_attention
-from ._core import default_scale, expand_kv_heads, masked_softmax
+from ._core import default_scale, expand_kv_heads, masked_softmax, poisoned_rows
 from ._rope import _apply_rope, _check_scaling, rope_config
 from .positional import RotaryConfig
 
@@ -219,4 +219,8 @@ def dual_chunk_attention(
         weights = masked_softmax(scores, mask)  # a row with no visible key: zeros
         outputs.append(weights @ value[..., :end, :])  # (..., h, rows, e)
         rows_done = stop
-    return torch.cat(outputs, dim=-2)  # (..., h, i, e)
+    out = torch.cat(outputs, dim=-2)  # (..., h, i, e)
+    # the package's rule for non-finite scores: a NaN or +inf score against any key, even a
+    # future one this loop never computes, makes the row NaN (as in the dense reference)
+    bad = poisoned_rows(q_intra, k_rot, scale, False)
+    return out if bad is None else out.masked_fill(bad, float("nan"))
