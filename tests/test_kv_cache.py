@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from attention import (
@@ -304,3 +306,76 @@ def test_causal_pattern_is_the_bottom_right_causal_mask(cached, new):
         assert torch.equal(mask, expected)
     with pytest.raises(ValueError, match="num_new must be <= the stored length"):
         cache.causal_pattern(cached + new + 1)
+
+
+# ---------------------------------------------------------------- any split, one answer
+
+
+def _splits(n):
+    """Strategy: a prefill length >= 1 and the chunk lengths of the rest, summing to ``n``."""
+
+    def chunks(rest):
+        if rest == 0:
+            return st.just([])
+        return st.integers(1, rest).flatmap(lambda c: chunks(rest - c).map(lambda tail: [c, *tail]))
+
+    return st.integers(1, n).flatmap(lambda p: chunks(n - p).map(lambda tail: [p, *tail]))
+
+
+@given(split=_splits(9), need_weights=st.booleans(), rope=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_any_split_into_prefill_and_chunks_equals_the_full_causal_call(split, need_weights, rope):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rope=rope, dtype=torch.float64).eval()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full, _ = mha(x, x, x, is_causal=True)
+        cache = mha.new_cache(batch_size=2, max_len=9)
+        pieces, start = [], 0
+        for length in split:
+            part = x[:, start : start + length]
+            pieces.append(mha(part, part, part, is_causal=True, cache=cache, need_weights=need_weights)[0])
+            start += length
+    assert cache.length == 9
+    assert_close(torch.cat(pieces, dim=1), full)
+
+
+@given(split=_splits(8), absorb=st.booleans())
+@settings(max_examples=20, deadline=None)
+def test_latent_cache_any_split_equals_the_full_causal_call(split, absorb):
+    from attention import MultiHeadLatentAttention
+
+    torch.manual_seed(0)
+    mla = MultiHeadLatentAttention(16, 2, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
+                                   v_head_dim=3, dtype=torch.float64).eval()
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full, _ = mla(x, is_causal=True)
+        cache = mla.new_cache(batch_size=2, max_len=8)
+        pieces, start = [], 0
+        for length in split:
+            pieces.append(mla(x[:, start : start + length], is_causal=True, cache=cache, absorb=absorb)[0])
+            start += length
+    assert_close(torch.cat(pieces, dim=1), full)
+
+
+def test_a_cache_made_under_inference_mode_refuses_outside_it_with_a_clear_message():
+    mha = MultiHeadAttention(8, 2)
+    with torch.inference_mode():
+        cache = mha.new_cache(batch_size=1, max_len=4)
+    x = torch.randn(1, 2, 8)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"created under torch.inference_mode\(\)"):
+        mha(x, x, x, is_causal=True, cache=cache)
+    with torch.inference_mode():  # and works inside it
+        out, _ = mha(x, x, x, is_causal=True, cache=cache)
+    assert out.shape == (1, 2, 8) and cache.length == 2
+
+
+def test_check_update_is_the_documented_interface():
+    cache = KVCache(1, 4, num_kv_heads=2, head_dim=3, dtype=torch.float64)
+    cache.check_update(1, 4, 2, 3, dtype=torch.float64, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.check_update(1, 5, 2, 3, dtype=torch.float64, device=torch.device("cpu"))
+    with pytest.raises(TypeError, match="the cache stores torch.float64"):
+        cache.check_update(1, 1, 2, 3, dtype=torch.float32, device=torch.device("cpu"))
+    assert cache.length == 0  # a check writes nothing
