@@ -134,7 +134,9 @@ def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
     taken when ``value`` holds such numbers; ``finite`` says so when already known.)
     Shared by the sparse, linear and LSH kernels.
     """
-    if hidden is None or (finite if finite is not None else bool(torch.isfinite(value).all())):
+    if hidden is None or value.device.type == "meta" or (
+        finite if finite is not None else bool(torch.isfinite(value).all())
+    ):  # (a meta tensor has no values to look at: the shapes are the same either way)
         return weights @ value
     terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
     return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)

@@ -182,6 +182,8 @@ def hard_attention(
     """
     check_tensor("weights", weights, floating=True, min_dim=1)
     check_value(value, weights.shape[-1], "weights", weights)
+    if value.dim() >= 2 and weights.dim() >= 2:  # (..., i, j) against (..., j, e)
+        broadcast_shapes("the batch dims of weights and value", weights.shape[:-2], value.shape[:-2])
     idx = hard_alignment(weights, generator=generator, num_samples=num_samples)
     j = weights.shape[-1]  # one_hot needs a class even when j = 0; slice it away again
     one_hot = nn.functional.one_hot(idx.clamp_min(0), max(j, 1))[..., :j].to(value.dtype)
@@ -245,6 +247,9 @@ def local_window(centre: Tensor, source_length: int, half_width: float) -> Tenso
     check_tensor("centre", centre, floating=True)
     s = check_int("source_length", source_length, minimum=0)
     d = _check_half_width(half_width)
+    if centre.device.type != "meta" and bool(centre.isnan().any()):
+        raise ValueError("centre holds NaN: a window needs a position (a boolean window "
+                         "cannot carry the NaN on)")
     return _local_window(centre, s, d)
 
 
@@ -315,7 +320,8 @@ def _local_alignment(scores, centre, d, sigma, attn_mask) -> Tensor:
         # sigma cannot turn (l - p)^2 / (2 sigma^2) into 0/0
         z = torch.where(window, (positions - centre.unsqueeze(-1)) / sigma, 0.0)  # (..., i, S)
         weights = weights * torch.exp(-0.5 * z**2)  # still exactly 0 outside the window
-    return weights
+    # a NaN centre has an empty window: its row is NaN, not silently zero
+    return weights.masked_fill(centre.isnan().unsqueeze(-1), float("nan"))
 
 
 class LocalAlignment(nn.Module):

@@ -83,6 +83,8 @@ def lsh_buckets(
     num_buckets = _check_num_buckets(num_buckets)
     num_hashes = check_size("num_hashes", num_hashes)
     check_generator(generator, torch.device("cpu"))
+    if x.device.type != "meta" and bool(x.isnan().any()):
+        raise ValueError("x holds NaN: a NaN vector has no direction, hence no bucket")
     return _buckets(x, num_buckets, num_hashes, generator)
 
 

@@ -123,7 +123,11 @@ def _features(feature_map: FeatureMap, query: Tensor, key: Tensor) -> tuple[Tens
                 f"feature_map must keep every dimension but the last, got {tuple(x.shape)} "
                 f"-> {tuple(phi.shape)} for the {name}"
             )
-        if not _known_non_negative(feature_map) and (phi.detach() < 0).any():
+        if phi.dtype != x.dtype:
+            raise TypeError(
+                f"feature_map must keep the dtype of its input, got {x.dtype} -> {phi.dtype} for the {name}"
+            )
+        if phi.device.type != "meta" and not _known_non_negative(feature_map) and (phi.detach() < 0).any():
             raise ValueError(
                 "feature_map must be non-negative (the normaliser phi(q) . sum_j phi(k_j) must "
                 f"stay positive), got a minimum of {phi.detach().min().item():.4g} for the {name}"

@@ -186,6 +186,7 @@ def global_tokens_mask(n: int, window, global_idx, *, device=None) -> Tensor:
         >>> global_tokens_mask(4, 0, [0]).int().tolist()
         [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1]]
     """
+    n = check_int("n", n, minimum=0)  # named here: the window mask would call it i
     mask = sliding_window_mask(n, window, device=device)
     idx = _global_index(n, global_idx, mask.device)
     is_global = torch.zeros(n, dtype=torch.bool, device=mask.device)

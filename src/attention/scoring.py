@@ -151,8 +151,23 @@ def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
     eps = check_real("eps", eps)
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    norms = query.norm(dim=-1).unsqueeze(-1) * key.norm(dim=-1).unsqueeze(-2)  # (..., i, j)
-    return (query @ key.transpose(-2, -1)) / norms.clamp_min(eps)
+    # normalise first, then take the product: q.k and |q||k| overflow for entries ~1e20 in
+    # float32, the unit vectors' dot product cannot. The same value as
+    # q.k / max(|q||k|, eps) = cos * min(1, |q||k| / eps); a zero vector scores 0.
+    q_unit, q_norm = _unit(query)  # (..., i, d), (..., i, 1)
+    k_unit, k_norm = _unit(key)  # (..., j, d), (..., j, 1)
+    cos = q_unit @ k_unit.transpose(-2, -1)  # (..., i, j)
+    return cos * (q_norm * (k_norm.transpose(-2, -1) / eps)).clamp(max=1.0)
+
+
+def _unit(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x / |x|`` and ``|x|`` along the last axis, scaled by the largest entry first so the
+    squares cannot overflow (a zero vector stays zero)."""
+    tiny = torch.finfo(x.dtype).tiny
+    top = x.abs().amax(dim=-1, keepdim=True).clamp_min(tiny) if x.shape[-1] else x.new_ones(*x.shape[:-1], 1)
+    scaled = x / top
+    length = scaled.norm(dim=-1, keepdim=True)
+    return scaled / length.clamp_min(tiny), top * length
 
 
 def general_scores(

@@ -133,6 +133,8 @@ def encoder_decoder_masks(
         >>> enc[0].int().tolist(), dec[0].int().tolist()
         ([[1, 1, 0]], [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
     """
+    src_len = check_int("src_len", src_len, minimum=0)  # named here: padding_mask would say j
+    tgt_len = check_int("tgt_len", tgt_len, minimum=0)
     src_pad = padding_mask(src_lengths, src_len)[:, 0]  # (b, 1, j)
     tgt_pad = padding_mask(tgt_lengths, tgt_len)[:, 0]  # (b, 1, i)
     if src_pad.shape[0] != tgt_pad.shape[0]:
@@ -287,6 +289,9 @@ def train_seq2seq(
         raise TypeError(f"model must be a TinySeq2Seq, got {type(model).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, (int, Iterable)):
         raise TypeError(f"steps must be an int or an iterable, got {type(steps).__name__}")
+    if isinstance(steps, torch.Tensor):  # iterable, but a 0-d tensor fails deep inside the loop
+        raise TypeError("steps must be an int or an iterable (e.g. a range or a tqdm bar), got a "
+                        "Tensor; pass int(steps)")
     if isinstance(steps, int):
         steps = range(check_int("steps", steps, minimum=0))
     length = model.max_len if length is None else check_int("length", length, minimum=1)

@@ -146,9 +146,9 @@ def entropy(weights: Tensor, dim: int = -1) -> Tensor:
     r"""Shannon entropy :math:`-\sum_k p_k \log p_k` (nats) of distributions along ``dim``.
 
     Zero weights contribute 0 (the limit of :math:`p \log p`), so masked positions and
-    the all-zero rows of a fully masked query are fine. A NaN weight gives NaN and a
-    negative one ``-inf``, as ``torch.special.entr`` defines them. An empty axis
-    gives 0.
+    the all-zero rows of a fully masked query are fine. A NaN weight gives NaN (as
+    ``torch.special.entr``); a negative one is refused (ValueError) rather than given
+    ``-inf``. An empty axis gives 0.
 
     Args:
         weights: ``(..., n, ...)`` probabilities.
@@ -162,4 +162,9 @@ def entropy(weights: Tensor, dim: int = -1) -> Tensor:
         0.6931
     """
     _check("weights", weights, dim)
+    if weights.device.type != "meta" and bool((weights < 0).any()):
+        raise ValueError(
+            "weights must be probabilities (>= 0): the entropy of a negative weight is "
+            f"undefined, got a minimum of {weights.min().item():.4g}"
+        )
     return torch.special.entr(weights).sum(dim=dim)  # entr(p) = -p log p, entr(0) = 0
