@@ -60,8 +60,20 @@ def test_plot_attention_labels_axes_and_adds_a_colour_bar():
 def test_plot_attention_rejects_bad_input():
     with pytest.raises(ValueError, match=r"must be a 2-D \(i, j\) matrix, got shape \(2, 3, 4\)"):
         plot_attention(torch.zeros(2, 3, 4))
-    with pytest.raises(ValueError, match="got 2 labels for an axis of size 3"):
+    with pytest.raises(ValueError, match="query_labels must have one label per position: 3 positions, got 2"):
         plot_attention(torch.zeros(3, 3), ["a", "b"])
+    with pytest.raises(TypeError, match="weights must be a tensor or an array of numbers, got NoneType"):
+        plot_attention(None)
+    with pytest.raises(TypeError, match="mask must be a tensor or an array of numbers, got NoneType"):
+        plot_mask(None)
+    with pytest.raises(ValueError, match="meta tensor: it has a shape but no values"):
+        plot_attention(torch.zeros(3, 3, device="meta"))
+    with pytest.raises(TypeError, match="query_labels must be a sequence of strings, one per position, got Tensor"):
+        plot_attention(torch.zeros(3, 3), torch.ones(3, 3, dtype=torch.bool))  # a mask in the labels' place
+    with pytest.raises(TypeError, match="key_labels must be a sequence of strings"):
+        plot_attention(torch.zeros(3, 3), key_labels="abc")
+    with pytest.raises(TypeError, match="weights must be a tensor or an array of numbers, got str"):
+        plot_attention("weights")
 
 
 @pytest.mark.parametrize("n", [2, 8, 64, 300])
@@ -162,8 +174,12 @@ def test_plot_heads_draws_one_panel_per_head_with_one_colour_bar():
     assert fig._suptitle.get_text() == "Attention weights per head"
     with pytest.raises(ValueError, match=r"must be \(h, i, j\)"):
         plot_heads(torch.rand(3, 3))
-    with pytest.raises(ValueError, match="got 2 head names for 5 heads"):
+    with pytest.raises(ValueError, match="head_names must have one name per head: 5 heads, got 2 names"):
         plot_heads(torch.rand(5, 3, 3), head_names=["a", "b"])
+    with pytest.raises(TypeError, match="head_names must be a sequence of strings, got str"):
+        plot_heads(torch.rand(5, 3, 3), head_names="abcde")
+    with pytest.raises(TypeError, match="weights must be a tensor or an array of numbers, got NoneType"):
+        plot_heads(None)
 
 
 def test_plot_grid_rejects_bad_input():

@@ -77,9 +77,37 @@ def use_course_style() -> None:
         set_matplotlib_formats("retina")
 
 
-def _as_matrix(weights, name: str) -> Tensor:
+def _as_tensor(weights, name: str) -> Tensor:
+    """A tensor with values to draw: a tensor, an array or nested lists of numbers."""
+    if weights is None or isinstance(weights, (str, bytes)):
+        raise TypeError(f"{name} must be a tensor or an array of numbers, got {type(weights).__name__}")
     if not isinstance(weights, Tensor):
-        weights = torch.as_tensor(weights)
+        try:
+            weights = torch.as_tensor(weights)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{name} must be a tensor or an array of numbers, got "
+                            f"{type(weights).__name__}") from err
+    if weights.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor: it has a shape but no values to draw")
+    if weights.is_complex():
+        raise TypeError(f"{name} must be real, got {weights.dtype}")
+    return weights
+
+
+def _check_labels(name: str, labels, n: int) -> None:
+    """None, or one string per row (or column) of the matrix."""
+    if labels is None:
+        return
+    if isinstance(labels, (str, bytes, Tensor)) or not isinstance(labels, Sequence):
+        raise TypeError(
+            f"{name} must be a sequence of strings, one per position, got {type(labels).__name__}"
+        )
+    if len(labels) != n:
+        raise ValueError(f"{name} must have one label per position: {n} positions, got {len(labels)} labels")
+
+
+def _as_matrix(weights, name: str) -> Tensor:
+    weights = _as_tensor(weights, name)
     if weights.dim() != 2:
         raise ValueError(f"{name} must be a 2-D (i, j) matrix, got shape {tuple(weights.shape)}")
     return weights.detach().to("cpu", torch.float64)
@@ -238,6 +266,8 @@ def plot_attention(
     """
     w = _as_matrix(weights, "weights")
     n_rows, n_cols = w.shape
+    _check_labels("query_labels", query_labels, n_rows)
+    _check_labels("key_labels", key_labels, n_cols)
     vmin, vmax = _colour_range([w], vmin, vmax)
     if ax is None:
         label_w = _label_width_inches(query_labels or [], 10)
@@ -427,13 +457,17 @@ def plot_heads(
         >>> sum(1 for ax in fig.axes if ax.images)
         4
     """
-    if not isinstance(weights, Tensor):
-        weights = torch.as_tensor(weights)
+    weights = _as_tensor(weights, "weights")
     if weights.dim() != 3:
         raise ValueError(f"weights must be (h, i, j), got shape {tuple(weights.shape)}")
     h = weights.shape[0]
-    if head_names is not None and len(head_names) != h:
-        raise ValueError(f"got {len(head_names)} head names for {h} heads")
+    if head_names is not None:
+        if isinstance(head_names, (str, bytes, Tensor)) or not isinstance(head_names, Sequence):
+            raise TypeError(f"head_names must be a sequence of strings, got {type(head_names).__name__}")
+        if len(head_names) != h:
+            raise ValueError(f"head_names must have one name per head: {h} heads, got {len(head_names)} names")
+    _check_labels("query_labels", query_labels, weights.shape[1])
+    _check_labels("key_labels", key_labels, weights.shape[2])
     names = list(head_names) if head_names is not None else [f"head {n}" for n in range(h)]
     return plot_grid(list(weights), names, query_labels=query_labels, key_labels=key_labels,
                      ncols=ncols, title=title)

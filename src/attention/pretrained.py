@@ -179,6 +179,9 @@ def trace_attention(model, tokenizer, text: str) -> AttentionTrace:
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError(f"text must be a non-empty string, got {text!r}")
+    _check_model(model)
+    if not callable(tokenizer):
+        raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
     implementation = getattr(model.config, "_attn_implementation", "eager")
     if implementation != "eager":
         raise ValueError(
@@ -202,6 +205,10 @@ def token_position(tokens: Sequence[str], token: str, occurrence: int = 0) -> in
         3
     """
     occurrence = check_int("occurrence", occurrence, minimum=0)
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+        raise TypeError(f"tokens must be a list of strings, got {type(tokens).__name__}")
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a string, got {type(token).__name__}")
     hits = [n for n, t in enumerate(tokens) if t == token]
     if len(hits) <= occurrence:
         raise ValueError(
@@ -214,8 +221,28 @@ def token_position(tokens: Sequence[str], token: str, occurrence: int = 0) -> in
 # --------------------------------------------------------------------------- rebuilding
 
 
+def _check_model(model) -> None:
+    """A ``transformers`` model: something with a ``config`` (e.g. from :func:`load_minilm`)."""
+    if not hasattr(model, "config") or not callable(model):
+        raise TypeError(
+            "model must be a transformers model (e.g. load_minilm()[0]), got "
+            f"{type(model).__name__}"
+        )
+
+
+def _check_bert(model) -> None:
+    """A BERT-style encoder: ``model.encoder.layer[l].attention.self``."""
+    _check_model(model)
+    if not hasattr(getattr(model, "encoder", None), "layer"):
+        raise TypeError(
+            "model must be a BERT-style encoder with model.encoder.layer[l].attention (e.g. "
+            f"load_minilm()[0]), got {type(model).__name__}"
+        )
+
+
 def _bert_self_attention(model, layer: int):
     """The ``BertSelfAttention`` block of ``layer`` (checked), and the whole ``BertAttention``."""
+    _check_bert(model)
     num_layers = model.config.num_hidden_layers
     layer = check_int("layer", layer)
     if not 0 <= layer < num_layers:
