@@ -180,14 +180,14 @@ def trace_attention(model, tokenizer, text: str) -> AttentionTrace:
     if not text.strip():
         raise ValueError(f"text must be a non-empty string, got {text!r}")
     _check_model(model)
-    if not callable(tokenizer):
-        raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
     implementation = getattr(model.config, "_attn_implementation", "eager")
     if implementation != "eager":
         raise ValueError(
             "attention maps need attn_implementation='eager', got "
             f"{implementation!r}; load with load_minilm(attn_implementation='eager')"
         )
+    if not callable(tokenizer):
+        raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
     encoded = tokenizer(text, return_tensors="pt")
     with torch.no_grad():
         out = model(**encoded, output_attentions=True, output_hidden_states=True)
@@ -223,7 +223,7 @@ def token_position(tokens: Sequence[str], token: str, occurrence: int = 0) -> in
 
 def _check_model(model) -> None:
     """A ``transformers`` model: something with a ``config`` (e.g. from :func:`load_minilm`)."""
-    if not hasattr(model, "config") or not callable(model):
+    if not hasattr(model, "config"):
         raise TypeError(
             "model must be a transformers model (e.g. load_minilm()[0]), got "
             f"{type(model).__name__}"
