@@ -501,3 +501,20 @@ def test_online_softmax_nan_and_inf_as_torch():
     for block_size in (1, 2, 3):
         torch.testing.assert_close(online_softmax(x, block_size=block_size), torch.softmax(x, -1), equal_nan=True)
     assert online_softmax(x[:, :0]).shape == (3, 0)
+
+
+@pytest.mark.parametrize("shape", [(6, 1), (1, 1), (2, 4, 1, 1), (1, 7), (4, 6, 1), (2, 1, 6, 1)], ids=str)
+@pytest.mark.parametrize("gqa", [False, True])
+def test_masks_broadcasting_over_the_key_axis_with_the_lse_and_backward(shape, gqa):
+    """j = 7 is not a multiple of block_size = 3: a key axis of size 1 must broadcast to
+    every block, not be sliced to nothing."""
+    q, k, v = qkv(6, 7, batch=(2,), h=4, h_kv=2 if gqa else 4, grad=True)
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    out, lse = tiled_attention(q, k, v, attn_mask=mask, block_size=3, return_lse=True, enable_gqa=gqa)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    torch.testing.assert_close(out, ref)
+    kk = k.repeat_interleave(2, dim=-3) if gqa else k
+    scores = (q @ kk.transpose(-2, -1) / 8**0.5).masked_fill(~mask, -torch.inf)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        torch.testing.assert_close(a, b)

@@ -31,7 +31,6 @@ same calls run unchanged over NCCL on GPUs.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 
@@ -40,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._checks import broadcast_shapes, check_int, check_qkv, check_tensor
+from ._core import default_scale
 from ._launch import run_distributed
 from ._ring import _Ring, _RingAttention
 
@@ -352,8 +352,7 @@ def ring_attention(
             f"the zigzag layout needs n divisible by 2P = {2 * world_size}: each rank holds two "
             f"chunks of equal length, got shards of length {n_q} and {n_k}"
         )
-    d = query.shape[-1]
-    scale = 1.0 if d == 0 else (1.0 / math.sqrt(d) if scale is None else float(scale))
+    scale = default_scale(scale, query.shape[-1])
     ring = _Ring(group, world_size, rank, _steps(rank, world_size, layout, is_causal, n_k))
     return _RingAttention.apply(query, key, value, ring, scale, min(block_size, max(n_k, 1)))
 

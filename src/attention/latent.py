@@ -46,6 +46,7 @@ from ._checks import (
     check_sizes,
     check_tensor,
 )
+from ._core import default_scale
 from ._rope import _apply_rope, _check_positions, _check_scaling, rope_config
 from .masks import decoding_mask
 from .positional import RotaryConfig
@@ -252,7 +253,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = p, q, e
         self.q_lora_rank = q_lora_rank
         self.norm_eps = float(norm_eps)
-        self.scale = (p + q) ** -0.5
+        self.scale = default_scale(None, p + q)  # 1 / sqrt(p + q)
         fac = {"device": device, "dtype": dtype}
         if q_lora_rank is None:
             self.w_query = nn.Linear(embed_dim, h * (p + q), bias=False, **fac)
