@@ -1,21 +1,31 @@
-# The two commands of the README:
-#   make book  - build the HTML book into _build/html (creates .venv and installs on first use)
-#   make lab   - open the chapters in JupyterLab from the project's environment
-#   make test  - every check: unit/property tests, nbval over all chapters, the book build
-#                with warnings as errors, and browser checks of the built pages
+# Two commands build and check everything (README, "Commands"):
+#   make book   - build the HTML book into _build/html (creates .venv and installs on first use)
+#   make test   - every check: lint, the book build with warnings as errors, pytest --nbval
+#                 (unit tests, doctests, launches, browser checks, every chapter), every chapter
+#                 under other numerics, and the unit tests and chapters again under a second
+#                 PyTorch release (scripts/test.sh)
+# Two more are optional:
+#   make check  - the quick loop while editing the package: ruff, unit tests and doctests
+#                 (about a minute; no npm, no Chromium, no book build, no chapters)
+#   make lab    - open the chapters in JupyterLab from the project's environment
+# Everything is installed with the exact versions of requirements/ci-lock.txt (regenerate it
+# with scripts/lock.sh); pyproject.toml itself declares ranges.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+LOCK := requirements/ci-lock.txt
 
-.PHONY: book test lab install mathjax clean
+.PHONY: book test check lab install mathjax clean
 
 install: $(INSTALLED) book/_static/mathjax/.version
 
-$(INSTALLED): pyproject.toml
+# The package with its dev and triton extras, every version taken from the lock
+# (PyTorch 2.13.0's CPU wheel, the oldest release the course supports).
+$(INSTALLED): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --upgrade pip
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev,triton]'
 	touch $@
 
 book/_static/mathjax/.version: scripts/vendor_mathjax.sh
@@ -28,6 +38,14 @@ book: install
 
 test: install
 	bash scripts/test.sh
+
+# No MathJax, no Chromium, no book and no chapters: the package's tests and docstring
+# examples only (the launch tests, which start JupyterLab and install into fresh
+# environments, and the browser tests are left to `make test`).
+check: $(INSTALLED)
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/python -m pytest -q -n 2 tests src/attention \
+	  --ignore=tests/browser --ignore=tests/test_reader_launch.py
 
 # Open the chapters in JupyterLab, in the project's environment (the package importable).
 # Jupyter refuses to run as root unless told to (containers, CI): allow it there.

@@ -4,7 +4,13 @@ On Colab (or any Jupyter without the course's environment) `attention` is not im
 so the chapter's first code cell installs it from the repository; in the course's own
 environment the cell does nothing and prints nothing. The cell is collapsed in the HTML
 book. `ATTENTION_COURSE_SOURCE` overrides where pip installs from (a local checkout, for
-tests/test_colab.py).
+tests/test_reader_launch.py).
+
+The repository is named once, by `repository.url` in `_config.yml` (the book's launch and
+repository buttons read it too): after changing it, run this script and commit the chapters.
+pip keeps the reader's PyTorch when it is in the package's range (`torch>=2.13` in
+pyproject.toml), so on Colab the cell installs the course package beside the preinstalled
+PyTorch rather than over it.
 
     .venv/bin/python scripts/colab_cell.py          # insert or update, in place
     .venv/bin/python scripts/colab_cell.py --check  # exit 1 if a chapter lacks it
@@ -16,8 +22,21 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-REPOSITORY = "https://github.com/attention-course/attention-course"
+
+
+def repository_url() -> str:
+    """The repository the book is published from: `repository.url` in `_config.yml`."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    url = (config.get("repository") or {}).get("url")
+    if not isinstance(url, str) or not url.startswith("https://"):
+        raise SystemExit(f"_config.yml: repository.url must be an https URL, got {url!r}")
+    return url.rstrip("/")
+
+
+REPOSITORY = repository_url()
 
 SOURCE = f'''# Running this chapter outside the course's environment (Colab, a bare Jupyter)?
 # Then install the course package first; in the course's environment this does nothing.
