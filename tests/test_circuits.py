@@ -15,9 +15,7 @@ from torch.testing import assert_close
 from attention import (
     AttentionOnlyTransformer,
     MultiHeadAttention,
-    composition_score,
     copying_score,
-    duplicate_token_score,
     induction_score,
     ov_circuit,
     prefix_matching_score,
@@ -25,7 +23,7 @@ from attention import (
     qk_circuit,
     split_heads,
 )
-from attention.circuits import AttentionOnlyTrace
+from attention.circuits import AttentionOnlyTrace, composition_score, duplicate_token_score
 
 F64 = torch.float64
 

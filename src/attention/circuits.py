@@ -23,8 +23,8 @@ small model the chapter trains to grow induction heads.
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions,
 ``n`` sequence length, ``D`` model size (``embed_dim``), ``d`` head size, ``V``
-vocabulary size, ``L`` layers. ``AttentionOnlyTrace`` is importable from
-``attention.circuits``.
+vocabulary size, ``L`` layers. ``composition_score``, ``duplicate_token_score`` and
+``AttentionOnlyTrace`` are importable from ``attention.circuits``.
 
 Mask convention: boolean, **True = may attend**; the model here is causal (query ``i``
 sees keys ``j <= i``).
@@ -45,12 +45,10 @@ from .multihead import MultiHeadAttention, split_heads
 __all__ = [
     "qk_circuit",
     "ov_circuit",
-    "composition_score",
     "copying_score",
     "previous_token_score",
     "induction_score",
     "prefix_matching_score",
-    "duplicate_token_score",
     "AttentionOnlyTransformer",
 ]
 
