@@ -258,9 +258,9 @@ class NeuralMemory(nn.Module):
             return keys.new_full(keys.shape[:-1], given)
         check_tensor(name, given, floating=True)
         check_has_data(name, given)
-        if ((given < 0) | (upper is not None and given > upper)).any():
-            raise ValueError(f"{name} must lie in [0, {upper if upper is not None else 'inf'}), "
-                             f"got values from {given.detach().min().item():.4g} to "
+        if ((given < 0) | (given > (upper if upper is not None else torch.inf))).any():
+            raise ValueError(f"{name} {_bound(upper)}, got values from "
+                             f"{given.detach().min().item():.4g} to "
                              f"{given.detach().max().item():.4g}")
         return given.to(keys.dtype).expand(keys.shape[:-1])
 
@@ -268,6 +268,9 @@ class NeuralMemory(nn.Module):
 def _check_rate(name: str, value, *, upper: float | None) -> float:
     value = check_real(name, value)
     if not (value >= 0 and (upper is None or value <= upper)):
-        bound = f"[0, {upper}]" if upper is not None else ">= 0"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise ValueError(f"{name} {_bound(upper)}, got {value}")
     return value
+
+
+def _bound(upper: float | None) -> str:
+    return "must be >= 0" if upper is None else f"must lie in [0, {upper:g}]"
