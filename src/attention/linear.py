@@ -593,10 +593,10 @@ def lightning_attention(
         >>> torch.allclose(a, b, atol=1e-5)
         True
     """
-    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if attn_mask is not None:
         raise ValueError("lightning_attention cannot apply an attn_mask: it is causal linear "
                          "attention, whose running state sums all earlier keys")
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if not is_causal:
         raise ValueError("lightning_attention is causal only (is_causal=True): the decay "
                          "lambda^(i - j) and the running state need an order")
