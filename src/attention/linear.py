@@ -607,9 +607,8 @@ def lightning_attention(
     output_final_state = check_bool("output_final_state", output_final_state)
     g = _check_decay(decay, query, head_dim=-3)
     key, value = _group_heads(query, key, value, enable_gqa)
-    q = query * (scale if scale is not None else
-                 (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0))
-    q, key, value = _expand_batch(q, key, value)
+    s = scale if scale is not None else (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0)
+    q, key, value = _expand_batch(query, key, value)  # views, no copies
     n, d, e = q.shape[-2], q.shape[-1], value.shape[-1]
     state_shape = (*q.shape[:-2], d, e)
     if initial_state is None:
@@ -623,17 +622,17 @@ def lightning_attention(
                              f"got {tuple(initial_state.shape)}")
         state = initial_state
     g = torch.zeros((), dtype=q.dtype, device=q.device) if g is None else g  # (h, 1, 1) or ()
-    outputs = []
+    out = q.new_empty((*q.shape[:-1], e))  # (..., n, e), filled block by block
     for start in range(0, n, block_size):
-        qb, kb, vb = (x[..., start:start + block_size, :] for x in (q, key, value))  # (..., B, *)
+        kb, vb = (x[..., start:start + block_size, :] for x in (key, value))  # (..., B, *)
+        qb = q[..., start:start + block_size, :] * s  # scaled block by block: no copy of Q
         size = qb.shape[-2]
         pos = torch.arange(size, device=q.device, dtype=q.dtype)
         lag = pos[:, None] - pos[None, :]  # (B, B)
         tile = (g * lag.clamp(min=0)).exp().masked_fill(lag < 0, 0.0)  # (h, B, B) or (B, B)
         intra = ((qb @ kb.transpose(-2, -1)) * tile) @ vb  # (..., B, e)
         inter = ((g * (pos + 1)[:, None]).exp() * qb) @ state  # (..., B, e)
-        outputs.append(intra + inter)
+        out[..., start:start + size, :] = intra + inter
         key_weight = (g * (size - 1 - pos)[:, None]).exp()  # (h, B, 1) or (B, 1)
         state = (g * size).exp() * state + (key_weight * kb).transpose(-2, -1) @ vb  # (..., d, e)
-    out = torch.cat(outputs, dim=-2) if outputs else value.new_zeros((*q.shape[:-1], e))
     return (out, state) if output_final_state else out
