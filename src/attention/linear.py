@@ -1,4 +1,4 @@
-r"""Linear attention: kernel feature maps, the chunked causal form and the recurrent step (chapter 10).
+r"""Linear attention: kernel feature maps, the chunkwise causal forms (parallel, and Lightning's sequential loop with decay) and the recurrent step (chapter 10).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size, ``f`` feature
