@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attention import delta_rule_attention, gated_delta_rule_attention
 
@@ -203,3 +205,16 @@ def test_dtype_and_type_errors():
         delta_rule_attention(q, k, v, beta, output_final_state=1)
     with pytest.raises(TypeError, match="g must be a tensor"):
         gated_delta_rule_attention(q, k, v, beta, None)
+
+
+@settings(max_examples=25)
+@given(n=st.integers(0, 12), chunk=st.integers(1, 9), d=st.integers(1, 4),
+       seed=st.integers(0, 2**16))
+def test_property_chunkwise_equals_recurrent(n, chunk, d, seed):
+    q, k, v, beta, g, s0 = inputs(n=n, d=d, e=2, batch=(2,), seed=seed)
+    ref, ref_state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
+                                                output_final_state=True)
+    out, state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
+                                            output_final_state=True, chunk_size=chunk)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(state, ref_state)
