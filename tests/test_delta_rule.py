@@ -218,3 +218,20 @@ def test_property_chunkwise_equals_recurrent(n, chunk, d, seed):
                                             output_final_state=True, chunk_size=chunk)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(state, ref_state)
+
+
+def test_a_decay_of_zero_forgets_everything_before_it_in_both_forms():
+    q, k, v, beta, g, s0 = inputs(n=10)
+    g = g.clone()
+    g[..., 4] = -math.inf  # alpha = 0 at position 4
+    ref, ref_state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
+                                                output_final_state=True)
+    out, state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
+                                            output_final_state=True, chunk_size=8)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(state, ref_state)
+    g_after = g[..., 4:].clone()
+    g_after[..., 0] = 0.0  # from a zero state, forgetting it changes nothing
+    after = gated_delta_rule_attention(q[..., 4:, :], k[..., 4:, :], v[..., 4:, :],
+                                       beta[..., 4:], g_after)
+    torch.testing.assert_close(ref[..., 4:, :], after)  # nothing before position 4 survives

@@ -153,6 +153,10 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
     n, d, e = q.shape[-2], q.shape[-1], v.shape[-1]
     if g is None:
         g = beta.new_zeros(beta.shape)
+    # alpha = exp(g) = 0 (g = -inf) would give -inf - -inf = NaN in the differences of
+    # cumulative sums below; exp(-1000) is already 0 in every floating dtype, so the
+    # clamp changes no product and keeps the differences finite.
+    g = g.clamp(min=-1000.0)
     chunks = max(1, math.ceil(n / chunk))
     pad = chunks * chunk - n
     if pad:  # beta = 0 and g = 0 positions leave the state unchanged
