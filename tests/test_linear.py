@@ -580,9 +580,12 @@ def test_zero_decay_and_a_scalar_decay():
                          decay=torch.full((3,), -0.2, dtype=F64)))
 
 
-def test_strong_decay_keeps_only_the_diagonal():
+@pytest.mark.parametrize("log_decay", [-200.0, -math.inf])
+def test_strong_decay_keeps_only_the_diagonal(log_decay):
     q, k, v = qkv(7, d=4, e=3)
-    out = linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=-200.0)
+    out = linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=log_decay)
+    lit = lightning_attention(q, k, v, decay=log_decay, block_size=3, scale=1.0)
+    torch.testing.assert_close(lit, (q * k).sum(-1, keepdim=True) * v)
     torch.testing.assert_close(out, v / (1 + 1e-6 / (elu_feature_map(q) * elu_feature_map(k)).sum(
         -1, keepdim=True)))
 

@@ -149,6 +149,9 @@ def _check_decay(decay, query: Tensor, *, head_dim: int) -> Tensor | None:
     if (g > 0).any():
         raise ValueError("decay is the log of lambda in (0, 1] and must be <= 0, got a maximum "
                          f"of {g.detach().max().item():.4g}")
+    # lambda = 0 (log-decay -inf) would give -inf * 0 = NaN on the diagonal; exp(-1000) is
+    # already 0 in every floating dtype, so the clamp changes no weight.
+    g = g.clamp(min=-1000.0)
     return g.reshape(-1, *([1] * (-head_dim - 1))) if g.dim() else g
 
 
