@@ -122,6 +122,12 @@ class NeuralMemory(nn.Module):
             self.weight2 = nn.Parameter(torch.zeros(value_dim, hidden_dim, **kw))
         self.state: dict[str, list[Tensor]] | None = None
 
+    def extra_repr(self) -> str:
+        kind = "linear" if self.hidden_dim is None else f"mlp, hidden_dim={self.hidden_dim}"
+        return (f"key_dim={self.key_dim}, value_dim={self.value_dim}, {kind}, "
+                f"learning_rate={self.learning_rate}, momentum={self.momentum}, "
+                f"forgetting={self.forgetting}, gradient_at={self.gradient_at!r}")
+
     # ----------------------------------------------------------------- state
 
     def _initial(self) -> list[Tensor]:
