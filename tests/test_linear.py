@@ -568,6 +568,20 @@ def test_decayed_recurrent_step_equals_the_parallel_form(normalize):
     torch.testing.assert_close(torch.stack(rows, dim=-2), ref)
 
 
+def test_decayed_step_accepts_a_length_one_position_axis():
+    q, k, v = qkv(5, d=4, e=3)
+    state_a = state_b = None
+    for t in range(5):
+        out_a, state_a = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state_a,
+                                               decay=LOG_DECAY)
+        out_b, state_b = linear_attention_step(q[..., t:t + 1, :], k[..., t:t + 1, :],
+                                               v[..., t:t + 1, :], state_b, decay=LOG_DECAY)
+    torch.testing.assert_close(out_b[..., 0, :], out_a)
+    with pytest.raises(ValueError, match="one log-decay per head"):
+        linear_attention_step(q[0, :, 0, :], k[0, :, 0, :], v[0, :, 0, :],
+                              decay=torch.zeros(2, dtype=F64))
+
+
 def test_zero_decay_and_a_scalar_decay():
     q, k, v = qkv(10)
     plain = linear_attention(q, k, v, is_causal=True, chunk_size=3)

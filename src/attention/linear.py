@@ -481,7 +481,8 @@ def linear_attention_step(
             :func:`elu_feature_map`.
         eps: added to the denominator, ``>= 0``.
         decay: ``None``, a float or a tensor ``(h,)`` of per-head log-decays ``<= 0``; with
-            a tensor, the heads are the second-to-last dim of ``query`` (``(..., h, d)``).
+            a tensor, the heads are the dim before ``d`` (``(..., h, d)``), or the one
+            before a length-one position axis (``(..., h, 1, d)``).
         normalize: ``False`` returns :math:`\varphi(q_t)^\top S_t` (``z`` is still kept).
 
     Returns:
@@ -512,7 +513,11 @@ def linear_attention_step(
         check_same_device(query=query, S=state[0], z=state[1])
     feature_map, eps = _check_options(feature_map, eps)
     normalize = check_bool("normalize", normalize)
-    g = _check_decay(decay, query, head_dim=-2)
+    head_dim = -2  # query (..., h, d); or (..., h, 1, d) with a length-one position axis
+    if (isinstance(decay, Tensor) and decay.dim() == 1 and decay.shape[0] > 1
+            and query.dim() >= 3 and query.shape[-2] == 1 and query.shape[-3] == decay.shape[0]):
+        head_dim = -3
+    g = _check_decay(decay, query, head_dim=head_dim)
 
     phi_q, phi_k = _features(feature_map, query.unsqueeze(-2), key.unsqueeze(-2),
                              non_negative=normalize)
