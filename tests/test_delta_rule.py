@@ -148,6 +148,9 @@ def test_float32_and_empty_sequence():
     q, k, v, beta, g, _ = (t.float() if t is not None else None for t in inputs())
     out = gated_delta_rule_attention(q, k, v, beta, g, chunk_size=4)
     assert out.dtype == torch.float32 and out.shape == (2, 3, 11, 3)
+    exact = gated_delta_rule_attention(q.double(), k.double(), v.double(), beta.double(),
+                                       g.double())
+    torch.testing.assert_close(out.double(), exact, rtol=0, atol=1e-5)
     empty, state = delta_rule_attention(q[..., :0, :], k[..., :0, :], v[..., :0, :],
                                         beta[..., :0], output_final_state=True)
     assert empty.shape == (2, 3, 0, 3) and not state.any()
