@@ -1,9 +1,11 @@
-"""Causal linear attention (chunked) against fused causal softmax attention (chapter 10).
+"""Causal linear attention (two chunkwise forms) against fused causal softmax attention (chapter 10).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, 2 threads:
 
 * ``linear``: ``attention.linear_attention(..., is_causal=True, chunk_size=64)``, the
-  chunked form (elu + 1 feature map);
+  parallel chunkwise form (elu + 1 feature map; every chunk's state held at once);
+* ``lightning``: ``attention.lightning_attention(..., decay=..., block_size=64)``, Lightning
+  Attention-2's sequential block loop (one running state, per-head decay, no normaliser);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``,
   PyTorch's fused (flash-style) CPU kernel: exact softmax, O(N^2) time, O(N) memory.
 
@@ -31,7 +33,7 @@ OMP_WAIT_POLICY = set_omp_wait_policy("passive")
 import torch  # noqa: E402
 from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
 
-from attention import linear_attention  # noqa: E402
+from attention import lightning_attention, linear_attention  # noqa: E402
 
 THREADS = 2
 HEADS, DIM, CHUNK = 4, 64, 64
@@ -47,6 +49,13 @@ def _linear(q, k, v):
     return linear_attention(q, k, v, is_causal=True, chunk_size=CHUNK)
 
 
+DECAY = -torch.linspace(0.01, 0.5, HEADS)  # per-head log-decay, (h,)
+
+
+def _lightning(q, k, v):
+    return lightning_attention(q, k, v, decay=DECAY, block_size=CHUNK)
+
+
 def _sdpa(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -60,6 +69,11 @@ def _prepared(fn, n: int):
 def make_linear(n: int):
     """Zero-argument callable: chunked causal linear attention on fresh inputs of length n."""
     return _prepared(_linear, n)
+
+
+def make_lightning(n: int):
+    """Zero-argument callable: Lightning Attention-2's block loop on inputs of length n."""
+    return _prepared(_lightning, n)
 
 
 def make_sdpa(n: int):
@@ -80,19 +94,21 @@ def crossover(sizes: list[int], ratio: list[float]) -> int | None:
 def main() -> None:
     torch.set_num_threads(THREADS)
     load_before = os.getloadavg()[0]
-    times = {"linear": [], "sdpa": []}
+    times = {"linear": [], "lightning": [], "sdpa": []}
     # Memory first: a probe's peak RSS includes this parent's peak at the time it is
     # spawned (exec carries it over), so measure before any large tensor exists here.
     peak = {name: [peak_memory_mib(f"linear:make_{name}", n=n) for n in SIZES] for name in times}
     print(f"{'N':>6} {'linear ms':>10} {'sdpa ms':>10} {'speed-up':>9} {'linear MiB':>11} {'sdpa MiB':>9}")
     for k, n in enumerate(SIZES):
         repeat = 7 if n <= 4096 else 5
-        t = interleaved_times({"linear": make_linear(n), "sdpa": make_sdpa(n)}, warmup=2, repeat=repeat)
+        t = interleaved_times({"linear": make_linear(n), "lightning": make_lightning(n),
+                               "sdpa": make_sdpa(n)}, warmup=2, repeat=repeat)
         for name in times:
             times[name].append(t[name])
         print(
             f"{n:>6} {1e3 * t['linear']:>10.2f} {1e3 * t['sdpa']:>10.2f} "
-            f"{t['sdpa'] / t['linear']:>8.1f}x {peak['linear'][k]:>11.1f} {peak['sdpa'][k]:>9.1f}"
+            f"{t['sdpa'] / t['linear']:>8.1f}x {peak['linear'][k]:>11.1f} {peak['sdpa'][k]:>9.1f} "
+            f"lightning {1e3 * t['lightning']:.2f} ms {peak['lightning'][k]:.1f} MiB"
         )
     speedup = [s / lin for s, lin in zip(times["sdpa"], times["linear"], strict=True)]
     cross = crossover(SIZES, speedup)
@@ -112,6 +128,7 @@ def main() -> None:
                 "dtype": "float32",
                 "chunk_size": CHUNK,
                 "feature_map": "elu+1",
+                "lightning_log_decay": DECAY.tolist(),
                 "memory_threads": 1,
                 "omp_wait_policy": OMP_WAIT_POLICY,
             },

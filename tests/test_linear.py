@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import (
+    lightning_attention,
     linear_attention,
     linear_attention_step,
     linear_attention_weights,
@@ -505,3 +506,156 @@ def test_eps_is_a_real_number_of_any_size():
                                linear_attention(q, k, v, eps=1e30))
     with pytest.raises(ValueError, match="eps must be >= 0, got nan"):
         linear_attention(q, k, v, eps=float("nan"))
+
+
+# ----------------------------------------------------------------------------- decay, Lightning
+
+
+def decayed_loop(query, key, value, log_decay, feature_map, normalize, eps=1e-6):
+    """o_i = sum_{j <= i} lambda^(i - j) phi(q_i).phi(k_j) v_j (/ the same sum of phi(q_i).phi(k_j)),
+    one query and one key at a time: the independent reference of the decayed forms."""
+    phi_q, phi_k = feature_map(query), feature_map(key)
+    out = torch.zeros(*query.shape[:-1], value.shape[-1], dtype=query.dtype)
+    lam = log_decay.exp()[:, None]  # (h, 1)
+    for i in range(query.shape[-2]):
+        num = torch.zeros(*query.shape[:-2], value.shape[-1], dtype=query.dtype)
+        den = torch.zeros(*query.shape[:-2], 1, dtype=query.dtype)
+        for j in range(i + 1):
+            w = lam ** (i - j) * (phi_q[..., i, :] * phi_k[..., j, :]).sum(-1, keepdim=True)
+            num, den = num + w * value[..., j, :], den + w
+        out[..., i, :] = num / (den + eps) if normalize else num
+    return out
+
+
+LOG_DECAY = torch.tensor([0.0, -0.05, -0.7], dtype=F64)  # one per head: none, slow, fast
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 3, 4, 13, 64])
+def test_decayed_parallel_chunkwise_form_equals_the_loop(normalize, chunk_size):
+    q, k, v = qkv(13, d=4, e=3, grad=True)
+    fm = elu_feature_map if normalize else (lambda x: x)
+    ref = decayed_loop(q, k, v, LOG_DECAY, fm, normalize)
+    out = linear_attention(q, k, v, is_causal=True, chunk_size=chunk_size, decay=LOG_DECAY,
+                           normalize=normalize, feature_map=fm)
+    torch.testing.assert_close(out, ref)
+    naive = linear_attention_naive(q, k, v, is_causal=True, decay=LOG_DECAY, normalize=normalize,
+                                   feature_map=fm)
+    torch.testing.assert_close(naive, ref)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_decayed_recurrent_step_equals_the_parallel_form(normalize):
+    q, k, v = qkv(9, d=4, e=3)
+    fm = elu_feature_map if normalize else (lambda x: x)
+    ref = linear_attention(q, k, v, is_causal=True, chunk_size=4, decay=LOG_DECAY,
+                           normalize=normalize, feature_map=fm)
+    state, rows = None, []
+    for t in range(9):
+        out, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state,
+                                           decay=LOG_DECAY, normalize=normalize, feature_map=fm)
+        rows.append(out)
+    torch.testing.assert_close(torch.stack(rows, dim=-2), ref)
+
+
+def test_decayed_step_accepts_a_length_one_position_axis():
+    q, k, v = qkv(5, d=4, e=3)
+    state_a = state_b = None
+    for t in range(5):
+        out_a, state_a = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state_a,
+                                               decay=LOG_DECAY)
+        out_b, state_b = linear_attention_step(q[..., t:t + 1, :], k[..., t:t + 1, :],
+                                               v[..., t:t + 1, :], state_b, decay=LOG_DECAY)
+    torch.testing.assert_close(out_b[..., 0, :], out_a)
+    with pytest.raises(ValueError, match="one log-decay per head"):
+        linear_attention_step(q[0, :, 0, :], k[0, :, 0, :], v[0, :, 0, :],
+                              decay=torch.zeros(2, dtype=F64))
+
+
+def test_zero_decay_and_a_scalar_decay():
+    q, k, v = qkv(10)
+    plain = linear_attention(q, k, v, is_causal=True, chunk_size=3)
+    torch.testing.assert_close(
+        linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=torch.zeros(3, dtype=F64)),
+        plain)
+    torch.testing.assert_close(
+        linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=-0.2),
+        linear_attention(q, k, v, is_causal=True, chunk_size=3,
+                         decay=torch.full((3,), -0.2, dtype=F64)))
+
+
+@pytest.mark.parametrize("log_decay", [-200.0, -math.inf])
+def test_strong_decay_keeps_only_the_diagonal(log_decay):
+    q, k, v = qkv(7, d=4, e=3)
+    out = linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=log_decay)
+    lit = lightning_attention(q, k, v, decay=log_decay, block_size=3, scale=1.0)
+    torch.testing.assert_close(lit, (q * k).sum(-1, keepdim=True) * v)
+    torch.testing.assert_close(out, v / (1 + 1e-6 / (elu_feature_map(q) * elu_feature_map(k)).sum(
+        -1, keepdim=True)))
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 5, 13, 100])
+def test_lightning_block_loop_equals_the_decayed_loop(block_size):
+    q, k, v = qkv(13, d=4, e=3, grad=True)
+    ref = decayed_loop(q * 0.5, k, v, LOG_DECAY, lambda x: x, False)  # default scale 4 ** -0.5
+    out = lightning_attention(q, k, v, decay=LOG_DECAY, block_size=block_size)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_lightning_gradcheck_and_state_chaining():
+    q, k, v = qkv(6, d=3, e=2, batch=(1, 3), grad=True)
+    decay = (LOG_DECAY - 0.01).requires_grad_()  # inside the valid range for the differences
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, g: lightning_attention(q, k, v, decay=g, block_size=4), (q, k, v, decay))
+    q, k, v = qkv(11, d=4, e=3)
+    whole, final = lightning_attention(q, k, v, decay=LOG_DECAY, block_size=4,
+                                       output_final_state=True)
+    first, mid = lightning_attention(q[..., :5, :], k[..., :5, :], v[..., :5, :], decay=LOG_DECAY,
+                                     block_size=4, output_final_state=True)
+    second, end = lightning_attention(q[..., 5:, :], k[..., 5:, :], v[..., 5:, :],
+                                      decay=LOG_DECAY, block_size=4, initial_state=mid,
+                                      output_final_state=True)
+    torch.testing.assert_close(torch.cat([first, second], dim=-2), whole)
+    torch.testing.assert_close(end, final)
+    # the state is the step's S, read with the scale
+    state = None
+    for t in range(11):
+        _, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state,
+                                         decay=LOG_DECAY, normalize=False, feature_map=lambda x: x)
+    torch.testing.assert_close(state[0], final)
+
+
+def test_lightning_grouped_query_heads():
+    q = qkv(8, batch=(1, 4))[0]
+    _, k, v = qkv(8, batch=(1, 2))
+    out = lightning_attention(q, k, v, enable_gqa=True, decay=-0.1, block_size=3)
+    ref = lightning_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), decay=-0.1)
+    torch.testing.assert_close(out, ref)
+
+
+def test_decay_bad_input():
+    q, k, v = qkv(6)
+    with pytest.raises(ValueError, match="must be <= 0"):
+        linear_attention(q, k, v, is_causal=True, decay=0.1)
+    with pytest.raises(ValueError, match="needs an order: pass is_causal=True"):
+        linear_attention(q, k, v, decay=-0.1)
+    with pytest.raises(ValueError, match=r"one log-decay per head, shape \(3,\)"):
+        linear_attention(q, k, v, is_causal=True, decay=torch.zeros(2, dtype=F64))
+    with pytest.raises(TypeError, match="normalize must be a bool"):
+        linear_attention(q, k, v, is_causal=True, normalize=0)
+    with pytest.raises(ValueError, match="must be <= 0"):
+        lightning_attention(q, k, v, decay=torch.tensor([0.0, 0.1, 0.0], dtype=F64))
+    with pytest.raises(ValueError, match="causal only"):
+        lightning_attention(q, k, v, is_causal=False)
+    with pytest.raises(ValueError, match="cannot apply an attn_mask"):
+        lightning_attention(q, k, v, attn_mask=torch.ones(6, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="same length n"):
+        lightning_attention(q, *qkv(6, 4)[1:])
+    with pytest.raises(ValueError, match="initial_state must have shape"):
+        lightning_attention(q, k, v, initial_state=torch.zeros(3, 8, 5, dtype=F64))
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        lightning_attention(q, k, v, block_size=0)

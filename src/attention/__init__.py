@@ -33,6 +33,9 @@ from .alignment import *  # noqa: F403  chapter 09
 from .additive import *  # noqa: F403  chapter 09
 from .feature_maps import *  # noqa: F403  chapter 10
 from .linear import *  # noqa: F403  chapter 10
+from .delta_rule import *  # noqa: F403  chapter 11
+from .neural_memory import *  # noqa: F403  chapter 11
+from .mqar import *  # noqa: F403  chapter 11
 from .patterns import *  # noqa: F403  chapter 12
 from .sparse import *  # noqa: F403  chapter 12
 from .approximate import *  # noqa: F403  chapter 12

@@ -1,4 +1,4 @@
-r"""Linear attention: kernel feature maps, the chunked causal form and the recurrent step (chapter 10).
+r"""Linear attention: kernel feature maps, the chunkwise causal forms (parallel, and Lightning's sequential loop with decay) and the recurrent step (chapter 10).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size, ``f`` feature
@@ -23,10 +23,19 @@ output instead of NaN.
 
 By associativity :math:`(\varphi(Q)\varphi(K)^\top) V = \varphi(Q)(\varphi(K)^\top V)`, so
 the non-causal form costs :math:`O(N f e)` instead of :math:`O(N^2 d)` and never builds
-the ``(i, j)`` matrix. The causal form is computed in chunks as in Lightning Attention
-:cite:`qin2024lightning`: quadratic inside a chunk, a running state
-:math:`S = \sum \varphi(k_j) v_j^\top` between chunks. Token by token it is an RNN
+the ``(i, j)`` matrix. The causal form of :func:`linear_attention` is the *parallel
+chunkwise form*: quadratic inside a chunk, and the states
+:math:`\varphi(K_m)^\top V_m` of all chunks summed at once by an exclusive cumulative sum
+(every chunk's state is stored). Token by token it is an RNN
 (:func:`linear_attention_step`).
+
+**Decay and the denominator-free form.** ``decay=`` (a per-head log-decay
+:math:`\log\lambda \le 0`, shape ``(h,)``, RetNet's and Lightning's :math:`\lambda`) weights
+key ``j`` by :math:`\lambda^{i-j}` for query ``i``; ``normalize=False`` drops the
+denominator (TransNormer, Lightning). :func:`lightning_attention` is Lightning
+Attention-2's algorithm :cite:`qin2024lightning`: a *sequential* loop over blocks that keeps
+one running state :math:`S \leftarrow \lambda^{B} S + (\Lambda K_B)^\top V_B`, a per-head
+decay, no feature map and no normaliser, so its memory is one block's tile and one state.
 
 The sequence functions take the package's attention contract, ``(query, key, value, *,
 attn_mask=None, is_causal=False, scale=None, enable_gqa=False, ...)``, and refuse what
@@ -50,6 +59,8 @@ from torch import Tensor
 
 from ._checks import (
     broadcast_shapes,
+    check_bool,
+    check_has_data,
     check_real,
     check_same_device,
     check_same_dtype,
@@ -61,7 +72,9 @@ from ._checks import (
 from ._core import _matmul_skipping, expand_kv_heads, top_left_causal
 from .feature_maps import FeatureMap, elu_feature_map, relu_feature_map
 
-__all__ = ["linear_attention", "linear_attention_weights", "linear_attention_step"]
+__all__ = [
+    "linear_attention", "linear_attention_weights", "linear_attention_step", "lightning_attention",
+]
 
 
 # --------------------------------------------------------------------------- validation
@@ -93,6 +106,15 @@ def _refuse_mask_and_scale(function: str, attn_mask, scale) -> None:
         )
 
 
+def _check_decay_options(decay, normalize, is_causal, query) -> tuple[Tensor | None, bool]:
+    """``decay`` needs an order (``is_causal``); returns it as a broadcastable tensor."""
+    normalize = check_bool("normalize", normalize)
+    if decay is not None and not is_causal:
+        raise ValueError("decay weights key j by lambda^(i - j), which needs an order: "
+                         "pass is_causal=True")
+    return _check_decay(decay, query, head_dim=-3), normalize
+
+
 def _validate(function: str, query, key, value, attn_mask, is_causal, scale, enable_gqa,
               feature_map, eps, *, weights_only: bool = False) -> tuple[FeatureMap, float]:
     """The boundary checks of the sequence functions; returns the feature map and eps to use."""
@@ -104,6 +126,34 @@ def _validate(function: str, query, key, value, attn_mask, is_causal, scale, ena
     return _check_options(feature_map, eps)
 
 
+def _check_decay(decay, query: Tensor, *, head_dim: int) -> Tensor | None:
+    """``decay`` (None, a float or an ``(h,)`` tensor of log-decays <= 0) as a tensor that
+    broadcasts against the head dim at ``head_dim`` of ``query`` (``(h, 1, ...)``)."""
+    if decay is None:
+        return None
+    if isinstance(decay, Tensor):
+        check_tensor("decay", decay, floating=True)
+        check_same_device(query=query, decay=decay)
+        if decay.dim() > 1:
+            raise ValueError(f"decay must be a float or a tensor (h,) of per-head log-decays, "
+                             f"got shape {tuple(decay.shape)}")
+        h = query.shape[head_dim] if query.dim() >= -head_dim else None
+        if decay.dim() == 1 and decay.shape[0] not in (1, h):
+            raise ValueError(f"decay must have one log-decay per head, shape ({h},), got "
+                             f"{tuple(decay.shape)}")
+        check_has_data("decay", decay)
+        g = decay.to(query.dtype)
+    else:
+        g = torch.tensor(check_real("decay", decay), dtype=query.dtype, device=query.device)
+    if (g > 0).any():
+        raise ValueError("decay is the log of lambda in (0, 1] and must be <= 0, got a maximum "
+                         f"of {g.detach().max().item():.4g}")
+    # lambda = 0 (log-decay -inf) would give -inf * 0 = NaN on the diagonal; exp(-1000) is
+    # already 0 in every floating dtype, so the clamp changes no weight.
+    g = g.clamp(min=-1000.0)
+    return g.reshape(-1, *([1] * (-head_dim - 1))) if g.dim() else g
+
+
 def _group_heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: bool):
     """With ``enable_gqa``, repeat each key/value head for its group of query heads."""
     if not enable_gqa:
@@ -112,7 +162,8 @@ def _group_heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: b
     return expand_kv_heads(key, h), (None if value is None else expand_kv_heads(value, h))
 
 
-def _features(feature_map: FeatureMap, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+def _features(feature_map: FeatureMap, query: Tensor, key: Tensor, *,
+              non_negative: bool = True) -> tuple[Tensor, Tensor]:
     """Apply the feature map to queries and keys and check the result is usable."""
     phi_q, phi_k = feature_map(query), feature_map(key)
     for name, x, phi in (("query", query, phi_q), ("key", key, phi_k)):
@@ -127,7 +178,7 @@ def _features(feature_map: FeatureMap, query: Tensor, key: Tensor) -> tuple[Tens
             raise TypeError(
                 f"feature_map must keep the dtype of its input, got {x.dtype} -> {phi.dtype} for the {name}"
             )
-        if phi.device.type != "meta" and not _known_non_negative(feature_map) and (phi.detach() < 0).any():
+        if non_negative and phi.device.type != "meta" and not _known_non_negative(feature_map) and (phi.detach() < 0).any():
             raise ValueError(
                 "feature_map must be non-negative (the normaliser phi(q) . sum_j phi(k_j) must "
                 f"stay positive), got a minimum of {phi.detach().min().item():.4g} for the {name}"
@@ -161,6 +212,7 @@ def linear_attention_weights(
     query: Tensor, key: Tensor, *,
     attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
     feature_map: FeatureMap | None = None, eps: float = 1e-6,
+    decay: Tensor | float | None = None, normalize: bool = True,
 ) -> Tensor:
     r"""The ``(..., h, i, j)`` weights of linear attention, built explicitly (for plots and tests).
 
@@ -176,10 +228,10 @@ def linear_attention_weights(
         is_causal: top-left causal pattern, query ``q`` sees keys ``k <= q``.
         scale: must be None.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
-        feature_map, eps: as in :func:`linear_attention`.
+        feature_map, eps, decay, normalize: as in :func:`linear_attention`.
 
     Returns:
-        ``(..., h, i, j)`` non-negative weights.
+        ``(..., h, i, j)`` weights (non-negative with a non-negative map).
 
     Example:
         >>> w = linear_attention_weights(torch.zeros(3, 2), torch.zeros(3, 2), is_causal=True)
@@ -188,15 +240,25 @@ def linear_attention_weights(
     """
     feature_map, eps = _validate("linear_attention_weights", query, key, None, attn_mask, is_causal,
                             scale, enable_gqa, feature_map, eps, weights_only=True)
+    g, normalize = _check_decay_options(decay, normalize, is_causal, query)
     key, _ = _group_heads(query, key, None, enable_gqa)
-    return _naive_weights(*_features(feature_map, query, key), is_causal, eps)
+    return _naive_weights(*_features(feature_map, query, key, non_negative=normalize), is_causal,
+                          eps, g, normalize)
 
 
-def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float) -> Tensor:
+def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float,
+                   g: Tensor | None = None, normalize: bool = True) -> Tensor:
     scores = phi_q @ phi_k.transpose(-2, -1)  # (..., i, j)
     if is_causal:
-        visible = top_left_causal(phi_q.shape[-2], phi_k.shape[-2], device=phi_q.device)
+        i, j = phi_q.shape[-2], phi_k.shape[-2]
+        visible = top_left_causal(i, j, device=phi_q.device)
+        if g is not None:  # lambda^(i - j) on the visible pairs
+            lag = (torch.arange(i, device=phi_q.device)[:, None]
+                   - torch.arange(j, device=phi_q.device)[None, :]).clamp(min=0)  # (i, j)
+            scores = scores * (g * lag.to(scores.dtype)).exp()
         scores = scores.masked_fill(~visible, 0.0)
+    if not normalize:
+        return scores
     return scores / (scores.sum(dim=-1, keepdim=True) + eps)  # (..., i, j)
 
 
@@ -204,6 +266,7 @@ def linear_attention_naive(
     query: Tensor, key: Tensor, value: Tensor, *,
     attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
     feature_map: FeatureMap | None = None, eps: float = 1e-6,
+    decay: Tensor | float | None = None, normalize: bool = True,
 ) -> Tensor:
     r"""Linear attention the quadratic way: build the weights, then multiply the values.
 
@@ -220,8 +283,10 @@ def linear_attention_naive(
     """
     feature_map, eps = _validate("linear_attention_naive", query, key, value, attn_mask, is_causal,
                             scale, enable_gqa, feature_map, eps)
+    g, normalize = _check_decay_options(decay, normalize, is_causal, query)
     key, value = _group_heads(query, key, value, enable_gqa)
-    weights = _naive_weights(*_features(feature_map, query, key), is_causal, eps)
+    weights = _naive_weights(*_features(feature_map, query, key, non_negative=normalize),
+                             is_causal, eps, g, normalize)
     future = ~top_left_causal(query.shape[-2], key.shape[-2], query.device) if is_causal else None
     return _matmul_skipping(weights, value, future)  # (..., i, e)
 
@@ -237,8 +302,9 @@ def _noncausal(phi_q: Tensor, phi_k: Tensor, value: Tensor, eps: float) -> Tenso
     return num / (den + eps)
 
 
-def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps: float) -> Tensor:
-    """Chunked causal linear attention, all chunks at once (no Python loop over chunks).
+def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps: float,
+                    g: Tensor | None = None, normalize: bool = True) -> Tensor:
+    """The parallel chunkwise form: all chunks at once (no Python loop over chunks).
 
     The values get an extra column of ones, so every matmul that sums
     ``phi(k_j) v_j^T`` also sums ``phi(k_j)``: the normaliser rides along in the last
@@ -266,7 +332,10 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
 
     # Inside a chunk: the quadratic form with the causal (lower-triangular) pattern.
     future = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).triu_(1)  # (c, c)
-    scores = (qc @ kc.transpose(-2, -1)).masked_fill_(future, 0.0)  # (..., n, c, c)
+    scores = qc @ kc.transpose(-2, -1)  # (..., n, c, c)
+    if g is not None:
+        return _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize)
+    scores = scores.masked_fill_(future, 0.0)
     num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
 
     # Between chunks: chunk m adds phi(Q_m) S_m, where the state S_m is the sum of the chunk
@@ -276,14 +345,47 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
     state = F.pad(torch.cumsum(kv[..., :-1, :, :], dim=-3), (0, 0, 0, 0, 1, 0))  # (..., n, f, e + 1)
     num = num.add_(qc @ state)  # (..., n, c, e + 1)
 
-    num = num.reshape(*batch, length, e + 1)[..., :i, :]  # (..., i, e + 1)
-    return num[..., :e] / (num[..., e:] + eps)  # (..., i, e)
+    return _finish(num, length, i, eps, normalize)
+
+
+def _finish(num: Tensor, length: int, i: int, eps: float, normalize: bool) -> Tensor:
+    """Cut the padding and divide by the normaliser riding in the last column."""
+    num = num.reshape(*num.shape[:-3], length, num.shape[-1])[..., :i, :]  # (..., i, e + 1)
+    if not normalize:
+        return num[..., :-1]
+    return num[..., :-1] / (num[..., -1:] + eps)  # (..., i, e)
+
+
+def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) -> Tensor:
+    r"""The parallel chunkwise form with a per-head decay ``g = log lambda`` ``(h, 1, 1)``.
+
+    Inside a chunk key ``s`` counts :math:`\lambda^{r-s}` for query ``r``; the state entering
+    chunk ``m`` is :math:`\sum_{l<m} \lambda^{c(m-1-l)} \sum_s \lambda^{c-1-s} \varphi(k_s)[v_s, 1]^\top`,
+    read by query ``r`` with :math:`\lambda^{r+1}`: every exponent is >= 0, every factor <= 1.
+    """
+    n, c = qc.shape[-3], qc.shape[-2]
+    g4 = g.unsqueeze(-1)  # (h, 1, 1, 1) against (..., h, n, c, c)
+    pos = torch.arange(c, device=qc.device, dtype=qc.dtype)
+    lag = (pos[:, None] - pos[None, :]).clamp(min=0)  # (c, c)
+    scores = (scores * (g4 * lag).exp()).masked_fill_(future, 0.0)  # (..., n, c, c)
+    num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
+    key_weight = (g4 * (c - 1 - pos)[:, None]).exp()  # (h, 1, c, 1)
+    kv = (kc * key_weight).transpose(-2, -1) @ vc  # (..., n, f, e + 1) chunk states
+    m = torch.arange(n, device=qc.device, dtype=qc.dtype)
+    gap = m[:, None] - 1 - m[None, :]  # (n, n): m - 1 - l
+    carry = (g * c * gap.clamp(min=0)).exp().masked_fill(gap < 0, 0.0)  # (h, n, n)
+    f, e1 = kv.shape[-2:]
+    state = (carry @ kv.flatten(-2)).unflatten(-1, (f, e1))  # (..., n, f, e + 1)
+    query_weight = (g4 * (pos + 1)[:, None]).exp()  # (h, 1, c, 1)
+    num = num.add_((qc * query_weight) @ state)  # (..., n, c, e + 1)
+    return _finish(num, length, i, eps, normalize)
 
 
 def linear_attention(
     query: Tensor, key: Tensor, value: Tensor, *,
     attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
     feature_map: FeatureMap | None = None, chunk_size: int = 64, eps: float = 1e-6,
+    decay: Tensor | float | None = None, normalize: bool = True,
 ) -> Tensor:
     r"""Linear attention in linear time: :math:`o_i = \varphi(q_i)^\top S / (\varphi(q_i)^\top z + \varepsilon)`.
 
@@ -291,14 +393,19 @@ def linear_attention(
     are computed once, :math:`O(N f e)` time, no ``(i, j)`` matrix
     :cite:`katharopoulos2020transformers`.
 
-    Causal (``is_causal=True``, top-left: query ``q`` sees keys ``k <= q``): the sequence
-    is cut into chunks of ``chunk_size`` positions :cite:`qin2024lightning`. Inside a chunk
+    Causal (``is_causal=True``, top-left: query ``q`` sees keys ``k <= q``): the parallel
+    chunkwise form. The sequence is cut into chunks of ``chunk_size`` positions. Inside a chunk
     the masked quadratic form is used (``(c, c)`` tiles); across chunks each query adds
     :math:`\varphi(q_i)^\top S_{<n}` where :math:`S_{<n}` is the sum of the chunk states
     :math:`\varphi(K_m)^\top V_m` of earlier chunks, an exclusive cumulative sum. All chunks
     are processed at once with batched matmuls: :math:`O(N c (f + e) + N f e)` time.
     Any ``N`` and ``chunk_size`` work (the last chunk is zero-padded; a chunk longer than
-    the sequence is cut to it).
+    the sequence is cut to it). Every chunk's state is held at once, ``(n, f, e)`` of
+    them: :func:`lightning_attention` is the sequential loop that keeps one.
+
+    With ``decay`` (causal only), key ``j`` counts :math:`\lambda^{i-j}` for query ``i`` in
+    both sums; with ``normalize=False`` the output is the numerator alone,
+    :math:`o_i = \sum_{j \le i} \lambda^{i-j} (\varphi(q_i) \cdot \varphi(k_j))\, v_j`.
 
     Args:
         query: ``(..., h, i, d)``; key ``(..., h_kv, j, d)``; value ``(..., h_kv, j, e)``;
@@ -313,6 +420,11 @@ def linear_attention(
         eps: added to the denominator :math:`\varphi(q_i)^\top z` (see the module
             docstring), ``>= 0``. It keeps a query whose normaliser is zero (``j = 0``,
             ``d = 0``, or a ``relu`` map) at a zero output instead of NaN.
+        decay: ``None``, a float, or a tensor ``(h,)`` of per-head log-decays
+            :math:`\log\lambda \le 0` (needs ``is_causal=True``).
+        normalize: divide by the normaliser (default); ``False`` gives the
+            denominator-free form of TransNormer and Lightning (the feature map may then
+            take any sign, e.g. the identity ``lambda x: x``).
 
     Returns:
         ``(..., h, i, e)``, equal to :func:`linear_attention_naive` up to rounding.
@@ -326,12 +438,16 @@ def linear_attention(
     feature_map, eps = _validate("linear_attention", query, key, value, attn_mask, is_causal, scale,
                             enable_gqa, feature_map, eps)
     chunk_size = check_size("chunk_size", chunk_size)
+    g, normalize = _check_decay_options(decay, normalize, is_causal, query)
     key, value = _group_heads(query, key, value, enable_gqa)
-    phi_q, phi_k = _features(feature_map, query, key)
+    phi_q, phi_k = _features(feature_map, query, key, non_negative=normalize)
     if not is_causal:
+        if not normalize:
+            return phi_q @ (phi_k.transpose(-2, -1) @ value)  # (..., i, e)
         return _noncausal(phi_q, phi_k, value, eps)
     # A chunk longer than the queries holds only padding past them: cut it.
-    return _causal_chunked(phi_q, phi_k, value, min(chunk_size, max(1, query.shape[-2])), eps)
+    return _causal_chunked(phi_q, phi_k, value, min(chunk_size, max(1, query.shape[-2])), eps,
+                           g, normalize)
 
 
 def linear_attention_step(
@@ -342,13 +458,18 @@ def linear_attention_step(
     *,
     feature_map: FeatureMap | None = None,
     eps: float = 1e-6,
+    decay: Tensor | float | None = None,
+    normalize: bool = True,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     r"""One step of causal linear attention as an RNN: constant cost per token.
 
     .. math::
 
-        S_t = S_{t-1} + \varphi(k_t) v_t^\top, \quad z_t = z_{t-1} + \varphi(k_t), \quad
-        o_t = \frac{\varphi(q_t)^\top S_t}{\varphi(q_t)^\top z_t + \varepsilon}.
+        S_t = \lambda S_{t-1} + \varphi(k_t) v_t^\top, \quad
+        z_t = \lambda z_{t-1} + \varphi(k_t), \quad
+        o_t = \frac{\varphi(q_t)^\top S_t}{\varphi(q_t)^\top z_t + \varepsilon}
+
+    (:math:`\lambda = 1` without ``decay``; the numerator alone with ``normalize=False``).
 
     Feeding tokens ``0, 1, ...`` one at a time gives the rows of
     ``linear_attention(..., is_causal=True)``. Always returns the pair ``(output, state)``.
@@ -363,6 +484,10 @@ def linear_attention_step(
         feature_map: non-negative map ``(..., d) -> (..., f)``; default
             :func:`elu_feature_map`.
         eps: added to the denominator, ``>= 0``.
+        decay: ``None``, a float or a tensor ``(h,)`` of per-head log-decays ``<= 0``; with
+            a tensor, the heads are the dim before ``d`` (``(..., h, d)``), or the one
+            before a length-one position axis (``(..., h, 1, d)``).
+        normalize: ``False`` returns :math:`\varphi(q_t)^\top S_t` (``z`` is still kept).
 
     Returns:
         ``(o_t, (S_t, z_t))`` with ``o_t`` of shape ``(..., e)``.
@@ -391,8 +516,15 @@ def linear_attention_step(
         check_same_dtype(query=query, S=state[0], z=state[1])
         check_same_device(query=query, S=state[0], z=state[1])
     feature_map, eps = _check_options(feature_map, eps)
+    normalize = check_bool("normalize", normalize)
+    head_dim = -2  # query (..., h, d); or (..., h, 1, d) with a length-one position axis
+    if (isinstance(decay, Tensor) and decay.dim() == 1 and decay.shape[0] > 1
+            and query.dim() >= 3 and query.shape[-2] == 1 and query.shape[-3] == decay.shape[0]):
+        head_dim = -3
+    g = _check_decay(decay, query, head_dim=head_dim)
 
-    phi_q, phi_k = _features(feature_map, query.unsqueeze(-2), key.unsqueeze(-2))
+    phi_q, phi_k = _features(feature_map, query.unsqueeze(-2), key.unsqueeze(-2),
+                             non_negative=normalize)
     phi_q, phi_k = phi_q.squeeze(-2), phi_k.squeeze(-2)  # (..., f)
     update = phi_k.unsqueeze(-1) * value.unsqueeze(-2)  # (..., f, e) = phi(k_t) v_t^T
     if state is None:
@@ -405,7 +537,114 @@ def linear_attention_step(
                 f"{value.shape[-1]}) and z of shape (..., {phi_k.shape[-1]}), got "
                 f"{tuple(S_prev.shape)} and {tuple(z_prev.shape)}"
             )
-        S, z = S_prev + update, z_prev + phi_k
+        if g is None:
+            S, z = S_prev + update, z_prev + phi_k
+        else:
+            lam = g.exp()  # (h, 1) or a scalar
+            S, z = lam.unsqueeze(-1) * S_prev + update, lam * z_prev + phi_k
     num = (phi_q.unsqueeze(-2) @ S).squeeze(-2)  # (..., e)
+    if not normalize:
+        return num, (S, z)
     den = (phi_q * z).sum(dim=-1, keepdim=True)  # (..., 1)
     return num / (den + eps), (S, z)
+
+
+def lightning_attention(
+    query: Tensor, key: Tensor, value: Tensor, *,
+    attn_mask: None = None, is_causal: bool = True, scale: float | None = None,
+    enable_gqa: bool = False, decay: Tensor | float | None = None, block_size: int = 64,
+    initial_state: Tensor | None = None, output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Lightning Attention-2: causal, decayed, denominator-free linear attention, block by block.
+
+    .. math::
+
+        o_i = \sum_{j \le i} \lambda^{i-j}\, (s\, q_i \cdot k_j)\, v_j
+
+    computed as Algorithm 1 of :cite:`qin2024lightning`: a sequential loop over blocks of
+    ``B = block_size`` positions that keeps one running state :math:`S` ``(d, e)``. Block
+    :math:`t` adds the masked quadratic form inside the block,
+    :math:`[(Q_t K_t^\top) \odot D] V_t` with :math:`D_{rs} = \lambda^{r-s}` (``s <= r``), and
+    the earlier blocks through the state, :math:`\Lambda Q_t S` with
+    :math:`\Lambda = \mathrm{diag}(\lambda^{1}, \dots, \lambda^{B})`; then
+    :math:`S \leftarrow \lambda^{B} S + (\lambda^{B-1-s} K_t)^\top V_t`. Memory: one
+    ``(B, B)`` tile and one state per head, whatever the length; the parallel chunkwise
+    form of :func:`linear_attention` holds every chunk's state at once instead.
+
+    There is no feature map and no normaliser (TransNormer's and Lightning's choice: the
+    model normalises the output afterwards). The query is multiplied by ``scale`` (default
+    :math:`d^{-1/2}`, as flash-linear-attention's ``lightning_attn``); apply an activation
+    to ``query`` and ``key`` first if the model uses one. Equal to
+    ``linear_attention(s * query, key, value, is_causal=True, decay=decay,
+    normalize=False, feature_map=lambda x: x)``, and, token by token, to
+    :func:`linear_attention_step` with the same options.
+
+    Args:
+        query: ``(..., h, n, d)``; key ``(..., h_kv, n, d)``; value ``(..., h_kv, n, e)``
+            (causal self-attention: queries and keys have the same length ``n``).
+        attn_mask: must be None (module docstring).
+        is_causal: must be True: the decay and the running state need an order.
+        scale: multiplies the query; default :math:`d^{-1/2}`.
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
+        decay: ``None`` (no decay, :math:`\lambda = 1`), a float, or a tensor ``(h,)`` of
+            per-head log-decays :math:`\log \lambda \le 0`.
+        block_size: positions per block ``B >= 1`` (any ``n``: the last block is shorter).
+        initial_state: ``(..., h, d, e)`` state before the first token; default zeros.
+        output_final_state: also return the state after the last token.
+
+    Returns:
+        ``(..., h, n, e)``; with ``output_final_state`` the pair ``(output, state)``,
+        ``state`` of shape ``(..., h, d, e)``.
+
+    Example:
+        >>> q, k, v = torch.randn(2, 7, 3), torch.randn(2, 7, 3), torch.randn(2, 7, 4)
+        >>> decay = torch.tensor([-0.1, -0.5])  # one log-decay per head
+        >>> a = lightning_attention(q, k, v, decay=decay, block_size=3, scale=1.0)
+        >>> b = linear_attention(q, k, v, is_causal=True, decay=decay, normalize=False,
+        ...                      feature_map=lambda x: x)
+        >>> torch.allclose(a, b, atol=1e-5)
+        True
+    """
+    if attn_mask is not None:
+        raise ValueError("lightning_attention cannot apply an attn_mask: it is causal linear "
+                         "attention, whose running state sums all earlier keys")
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    if not is_causal:
+        raise ValueError("lightning_attention is causal only (is_causal=True): the decay "
+                         "lambda^(i - j) and the running state need an order")
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError("lightning_attention is causal self-attention: query and key must "
+                         f"have the same length n, got {query.shape[-2]} and {key.shape[-2]}")
+    block_size = check_size("block_size", block_size)
+    output_final_state = check_bool("output_final_state", output_final_state)
+    g = _check_decay(decay, query, head_dim=-3)
+    key, value = _group_heads(query, key, value, enable_gqa)
+    s = scale if scale is not None else (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0)
+    q, key, value = _expand_batch(query, key, value)  # views, no copies
+    n, d, e = q.shape[-2], q.shape[-1], value.shape[-1]
+    state_shape = (*q.shape[:-2], d, e)
+    if initial_state is None:
+        state = q.new_zeros(state_shape)
+    else:
+        check_tensor("initial_state", initial_state, floating=True, min_dim=2)
+        check_same_dtype(query=query, initial_state=initial_state)
+        check_same_device(query=query, initial_state=initial_state)
+        if tuple(initial_state.shape) != state_shape:
+            raise ValueError(f"initial_state must have shape (..., h, d, e) = {state_shape}, "
+                             f"got {tuple(initial_state.shape)}")
+        state = initial_state
+    g = torch.zeros((), dtype=q.dtype, device=q.device) if g is None else g  # (h, 1, 1) or ()
+    out = q.new_empty((*q.shape[:-1], e))  # (..., n, e), filled block by block
+    for start in range(0, n, block_size):
+        kb, vb = (x[..., start:start + block_size, :] for x in (key, value))  # (..., B, *)
+        qb = q[..., start:start + block_size, :] * s  # scaled block by block: no copy of Q
+        size = qb.shape[-2]
+        pos = torch.arange(size, device=q.device, dtype=q.dtype)
+        lag = pos[:, None] - pos[None, :]  # (B, B)
+        tile = (g * lag.clamp(min=0)).exp().masked_fill(lag < 0, 0.0)  # (h, B, B) or (B, B)
+        intra = ((qb @ kb.transpose(-2, -1)) * tile) @ vb  # (..., B, e)
+        inter = ((g * (pos + 1)[:, None]).exp() * qb) @ state  # (..., B, e)
+        out[..., start:start + size, :] = intra + inter
+        key_weight = (g * (size - 1 - pos)[:, None]).exp()  # (h, B, 1) or (B, 1)
+        state = (g * size).exp() * state + (key_weight * kb).transpose(-2, -1) @ vb  # (..., d, e)
+    return (out, state) if output_final_state else out

@@ -1,0 +1,246 @@
+"""Cost of one generated token: softmax with a KV cache against recurrent states (chapters 10 and 11).
+
+Setting: one attention layer's core (no projections), batch 1, 8 heads, d = e = 64, fp32,
+one thread, ``torch.inference_mode()``. For each context length ``L`` every contender
+produces the output of token ``L + 1`` given what it keeps of the ``L`` tokens before it:
+
+* ``softmax_cache``: the new key and value are written into a preallocated KV cache and
+  the query attends to all ``L + 1`` cached keys with PyTorch's fused
+  ``scaled_dot_product_attention``: the work and the memory read grow with ``L``.
+* ``linear_step``: ``attention.linear_attention_step`` (elu + 1, with the normaliser):
+  ``S <- S + phi(k) v^T``, ``z <- z + phi(k)``, one read.
+* ``delta_step``: ``attention.delta_rule_attention`` on one token with ``initial_state``
+  (the delta rule's read, correct and write).
+* ``gated_delta_step``: ``attention.gated_delta_rule_attention`` likewise, with a decay.
+
+The package functions check their arguments on every call (shapes, ``beta`` in
+``[0, 1]``, ``g <= 0``), a fixed cost of some microseconds that a fused kernel would not
+pay; at short contexts it is a visible share of a step. The recurrent steps cost the same
+at every ``L``; they are timed at every ``L`` anyway,
+interleaved with the softmax step, so that each ratio compares calls made side by side.
+Each step is checked against its sequence form before timing.
+
+Saved per contender and length: median, first and third quartile (``q1``, ``q3``) of the
+thread CPU time (``time.thread_time``: with one thread, the work done) and of the wall
+time; the bytes the contender holds between tokens (KV cache for ``L + 1`` tokens, or the
+state), computed from the tensor shapes; and the extra peak memory of one step measured by
+``_common.peak_memory_mib`` in a fresh process. Also the KV-cache bytes per token and per
+layer, and the context length at which the cache outgrows each state.
+
+The 1-minute load average is recorded; when it exceeds the core count the results are
+not saved (timings on a busy machine measure the machine). ``--smoke`` runs tiny sizes
+and never saves.
+
+Run: ``.venv/bin/python benchmarks/recurrent.py`` (a few minutes on one idle core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import set_omp_wait_policy  # noqa: E402
+
+OMP_WAIT_POLICY = set_omp_wait_policy("passive")  # many small operations per step
+
+import torch  # noqa: E402
+from _common import peak_memory_mib, save_results, stamp  # noqa: E402
+
+from attention import (  # noqa: E402
+    delta_rule_attention,
+    gated_delta_rule_attention,
+    linear_attention,
+    linear_attention_step,
+)
+
+THREADS = 1
+HEADS, DIM = 8, 64
+CONTEXTS = [256, 1024, 4096, 16384, 65536]
+WARMUP, REPEAT = 3, 15
+NAMES = ("softmax_cache", "linear_step", "delta_step", "gated_delta_step")
+
+
+def _token(seed: int):
+    """One token's query, key (unit norm, as DeltaNet uses), value, beta and log-decay."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, HEADS, 1, DIM, generator=g) for _ in range(3))  # (b, h, 1, d)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.rand(1, HEADS, 1, generator=g)  # (b, h, 1)
+    log_decay = -0.1 * torch.rand(1, HEADS, 1, generator=g)  # (b, h, 1)
+    return q, k, v, beta, log_decay
+
+
+def make_softmax_cache(length: int):
+    """Zero-argument callable: decode token L + 1 against a KV cache holding L tokens."""
+    g = torch.Generator().manual_seed(1)
+    cache_k = torch.randn(1, HEADS, length + 1, DIM, generator=g)  # (b, h, L + 1, d)
+    cache_v = torch.randn(1, HEADS, length + 1, DIM, generator=g)
+    q, k, v, _, _ = _token(2)
+
+    def step():
+        cache_k[:, :, length:length + 1] = k  # write the new token in place
+        cache_v[:, :, length:length + 1] = v
+        return torch.nn.functional.scaled_dot_product_attention(q, cache_k, cache_v)
+
+    return step
+
+
+def _state(seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    return 0.1 * torch.randn(1, HEADS, DIM, DIM, generator=g)  # (b, h, d, e)
+
+
+def make_linear_step(length: int = 0):
+    """Zero-argument callable: one step of causal linear attention (state S, z)."""
+    q, k, v, _, _ = _token(2)
+    state = (_state().abs(), torch.rand(1, HEADS, DIM, generator=torch.Generator().manual_seed(4)))
+    return lambda: linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], state)[0]
+
+
+def make_delta_step(length: int = 0):
+    """Zero-argument callable: one delta-rule token from a given state."""
+    q, k, v, beta, _ = _token(2)
+    state = _state()
+    return lambda: delta_rule_attention(q, k, v, beta, initial_state=state, output_final_state=True)
+
+
+def make_gated_delta_step(length: int = 0):
+    """Zero-argument callable: one gated-delta-rule token from a given state."""
+    q, k, v, beta, log_decay = _token(2)
+    state = _state()
+    return lambda: gated_delta_rule_attention(q, k, v, beta, log_decay, initial_state=state,
+                                              output_final_state=True)
+
+
+MAKERS = {"softmax_cache": make_softmax_cache, "linear_step": make_linear_step,
+          "delta_step": make_delta_step, "gated_delta_step": make_gated_delta_step}
+
+
+def held_bytes(name: str, length: int) -> int:
+    """Bytes kept between tokens (fp32): the cache for L + 1 tokens, or the state."""
+    if name == "softmax_cache":
+        return 2 * HEADS * (length + 1) * DIM * 4  # keys and values
+    if name == "linear_step":
+        return (HEADS * DIM * DIM + HEADS * DIM) * 4  # S and z
+    return HEADS * DIM * DIM * 4  # S
+
+
+def check_steps() -> None:
+    """Each step equals the last row of its sequence form (float64, 6 tokens)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, 6, DIM, generator=g, dtype=torch.float64) for _ in range(3))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.rand(1, HEADS, 6, generator=g, dtype=torch.float64)
+    log_decay = -torch.rand(1, HEADS, 6, generator=g, dtype=torch.float64)
+    for name, whole, step in (
+        ("delta", delta_rule_attention(q, k, v, beta),
+         lambda s, t: delta_rule_attention(q[..., t:t + 1, :], k[..., t:t + 1, :],
+                                           v[..., t:t + 1, :], beta[..., t:t + 1],
+                                           initial_state=s, output_final_state=True)),
+        ("gated delta", gated_delta_rule_attention(q, k, v, beta, log_decay),
+         lambda s, t: gated_delta_rule_attention(q[..., t:t + 1, :], k[..., t:t + 1, :],
+                                                 v[..., t:t + 1, :], beta[..., t:t + 1],
+                                                 log_decay[..., t:t + 1], initial_state=s,
+                                                 output_final_state=True)),
+    ):
+        state = None
+        for t in range(6):
+            out, state = step(state, t)
+        assert torch.allclose(out[..., 0, :], whole[..., -1, :], atol=1e-10), name
+    state = None
+    for t in range(6):
+        out, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state)
+    assert torch.allclose(out, linear_attention(q, k, v, is_causal=True)[..., -1, :], atol=1e-10)
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    last = torch.nn.functional.scaled_dot_product_attention(q[..., -1:, :], k, v)
+    assert torch.allclose(last[..., 0, :], full[..., -1, :], atol=1e-10)
+
+
+def interleaved_samples(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
+    """Every repeat's wall and thread-CPU seconds of each contender, run round-robin."""
+    wall = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        for _ in range(repeat):
+            for name, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                cpu[name].append(time.thread_time() - c0)
+                wall[name].append(time.perf_counter() - t0)
+    return wall, cpu
+
+
+def summary(samples: list[float]) -> dict:
+    """Median and interquartile range of one contender's samples."""
+    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return {"median": median, "q1": q1, "q3": q3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, nothing saved")
+    args = parser.parse_args()
+    contexts, warmup, repeat = ([64, 256], 1, 7) if args.smoke else (CONTEXTS, WARMUP, REPEAT)
+
+    torch.set_num_threads(THREADS)
+    check_steps()
+    load_before = os.getloadavg()[0]
+    # Memory first, before this process holds large tensors (see _common.peak_memory_mib).
+    peak = {name: [peak_memory_mib(f"recurrent:make_{name}", length=n) for n in contexts]
+            for name in NAMES}
+    cpu_stats, wall_stats = {}, {}
+    for n in contexts:
+        wall, cpu = interleaved_samples({name: MAKERS[name](n) for name in NAMES},
+                                        warmup=warmup, repeat=repeat)
+        cpu_stats[str(n)] = {name: summary(s) for name, s in cpu.items()}
+        wall_stats[str(n)] = {name: summary(s) for name, s in wall.items()}
+        print(f"L={n:6d} cpu median [q1, q3] us: " + "  ".join(
+            f"{name} {1e6 * s['median']:.1f} [{1e6 * s['q1']:.1f}, {1e6 * s['q3']:.1f}]"
+            for name, s in cpu_stats[str(n)].items()), flush=True)
+    kv_per_token = 2 * HEADS * DIM * 4
+    state_bytes = {name: held_bytes(name, 0) for name in NAMES if name != "softmax_cache"}
+    break_even = {name: b / kv_per_token for name, b in state_bytes.items()}
+    print(f"KV cache per token and layer: {kv_per_token} bytes; state per layer: "
+          + ", ".join(f"{name} {b} bytes (= {break_even[name]:.1f} tokens of cache)"
+                      for name, b in state_bytes.items()))
+    load_after = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if args.smoke:
+        print("smoke run: nothing saved")
+        return
+    if max(load_before, load_after) > cores:
+        print(f"not saved: 1-minute load average {max(load_before, load_after):.2f} exceeds the "
+              f"{cores} cores; run again on a quiet machine")
+        return
+    path = save_results(
+        "recurrent",
+        {
+            "stamp": {**stamp(THREADS), "load_1min": [round(load_before, 2), round(load_after, 2)]},
+            "setting": {"batch": 1, "heads": HEADS, "d": DIM, "e": DIM, "dtype": "float32",
+                        "mode": "one decode step, inference_mode", "warmup": warmup,
+                        "repeat": repeat, "omp_wait_policy": OMP_WAIT_POLICY},
+            "contexts": contexts,
+            "contenders": list(NAMES),
+            "clock": "cpu_s: time.thread_time of the one compute thread; wall_s: perf_counter",
+            "cpu_s": cpu_stats,
+            "wall_s": wall_stats,
+            "held_bytes": {name: [held_bytes(name, n) for n in contexts] for name in NAMES},
+            "step_peak_mib": peak,
+            "kv_cache_bytes_per_token_per_layer": kv_per_token,
+            "state_bytes_per_layer": state_bytes,
+            "break_even_tokens": break_even,
+        },
+    )
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
