@@ -103,10 +103,10 @@ def main() -> None:
                    for _ in range(3))
         grad = torch.randn_like(q)
 
-        def forward(attend):
+        def forward(attend, q=q, k=k, v=v):
             return lambda: attend(q, k, v, is_causal=causal)
 
-        def training(attend):
+        def training(attend, q=q, k=k, v=v, grad=grad):
             return lambda: torch.autograd.grad(attend(q, k, v, is_causal=causal), (q, k, v), grad)
 
         with torch.no_grad():
