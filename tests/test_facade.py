@@ -11,7 +11,7 @@ import attention
 INIT = Path(attention.__file__).read_text()
 REEXPORTED = re.findall(r"^from \.(\w+) import \*", INIT, flags=re.MULTILINE)
 # modules a reader imports by path: one chapter's toolkit, not part of the library
-STANDALONE = {"seq2seq"}
+STANDALONE = {"seq2seq", "triton_flash"}  # triton_flash needs the optional Triton
 
 
 def _module(name):

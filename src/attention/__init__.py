@@ -48,6 +48,7 @@ from .logits import *  # noqa: F403  chapter 16
 from .pretrained import *  # noqa: F403  chapter 17
 from .head_stats import *  # noqa: F403  chapter 17
 from .circuits import *  # noqa: F403  chapter 18
+from .weights import *  # noqa: F403  chapter 19
 
 __version__ = "0.1.0"
 
