@@ -116,7 +116,8 @@ def main() -> None:
     speedup = [s / lin for s, lin in zip(times["sdpa"], times["linear"], strict=True)]
     resolved = [separated(a, b) for a, b in zip(stats["linear"], stats["sdpa"], strict=True)]
     cross = crossover(sizes, speedup)
-    big = [i for i, n in enumerate(sizes) if n >= 2048] or list(range(len(sizes)))
+    big = [i for i, n in enumerate(sizes) if n >= 2048]
+    big = big if len(big) >= 2 else list(range(len(sizes)))
     slopes = {name: log_slope([sizes[i] for i in big], [times[name][i] for i in big]) for name in names}
     print(f"crossover: linear attention is faster from N = {cross} on; time slopes (N >= 2048): "
           + ", ".join(f"{k} {v:.2f}" for k, v in slopes.items()))

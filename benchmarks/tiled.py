@@ -119,7 +119,8 @@ def main() -> None:
     print(f"N = {sizes[i]}: tiled peak memory is {mem_ratio:.3f} of the naive form's (1/{1 / mem_ratio:.0f})")
     print(f"N = {sizes[i]}: tiled time / naive time = {times['tiled'][i] / times['naive'][i]:.2f}")
     print(f"N = {sizes[i]}: tiled time / fused sdpa time = {times['tiled'][i] / times['sdpa'][i]:.2f}")
-    big = [i for i, n in enumerate(sizes) if n >= 2048] or list(range(len(sizes)))
+    big = [i for i, n in enumerate(sizes) if n >= 2048]
+    big = big if len(big) >= 2 else list(range(len(sizes)))
     finish(run, {
         "load_average": None,  # filled by finish: [before, after]
         "config": {
