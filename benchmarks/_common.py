@@ -16,8 +16,11 @@ The protocol every script follows (so a reader can trust and compare the saved n
   ranges of its two contenders do not overlap (:func:`separated`).
 * **A quiet machine, named.** The 1-minute load average is read before and after; a script
   refuses to start or to save when it is above the core count, unless run with
-  ``--allow-loaded``, which saves the result with ``"quiet": false``. The stamp names the
-  CPU model, cores, threads, policy, torch, Python, date and time and load.
+  ``--allow-loaded``, which saves the result with ``"quiet": false``. The benchmark's own
+  busy processes are taken off first (``load_own_allowance``: [before, after]; 1 after a
+  one-thread script, 4 after the ring's four ranks, 1 before a script that ``run_all.py``
+  starts right after another). The stamp names the CPU model, cores, threads, policy,
+  torch, Python, date and time and load.
 
 Every script opens the same way, choosing OpenMP's wait policy before torch loads::
 
@@ -38,7 +41,7 @@ Keys the protocol adds to every result (beside the script's own):
 
 * ``stamp``: ``cpu``, ``cores``, ``threads`` (time), ``memory_threads``, ``omp_wait_policy``,
   ``torch``, ``python``, ``date`` (ISO day, as before), ``datetime`` (UTC, to the minute),
-  ``load_1min_before``, ``load_1min_after``, ``quiet``, ``repeat`` (timed repeats per
+  ``load_1min_before``, ``load_1min_after``, ``load_own_allowance``, ``quiet``, ``repeat`` (timed repeats per
   contender, at least), ``quick`` (true only for smoke runs at tiny sizes);
 * ``quiet``: true when neither load reading was above the core count.
 
@@ -172,11 +175,13 @@ class Run:
     allow_loaded: bool
     quick: bool
     load_before: float | None
+    allowance_before: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
 
-def _loaded(load: float | None) -> bool:
-    return load is not None and load > (os.cpu_count() or 1)
+def _loaded(load: float | None, allowance: float = 0.0) -> bool:
+    """Load above the core count, once ``allowance`` (this benchmark's own busy processes) is taken off."""
+    return load is not None and load - allowance > (os.cpu_count() or 1)
 
 
 def begin(name: str, argv: list[str] | None = None) -> Run:
@@ -198,31 +203,39 @@ def begin(name: str, argv: list[str] | None = None) -> Run:
     if out is None:
         out = Path(tempfile.gettempdir()) / "attention-bench-quick" if args.quick else RESULTS
     load = load_1min()
+    # run_all.py sets BENCH_LOAD_ALLOWANCE=1 after its first script: the previous script's
+    # one busy thread is still in the 1-minute average when the next one starts.
+    allowance = float(os.environ.get("BENCH_LOAD_ALLOWANCE", "0"))
     print(f"{name}: {cpu_model()}, {os.cpu_count()} cores, {THREADS} thread(s) for time, "
           f"{MEMORY_THREADS} for memory, OMP_WAIT_POLICY {omp_wait_policy()}, load {load}", flush=True)
-    if _loaded(load) and not args.allow_loaded:
+    if _loaded(load, allowance) and not args.allow_loaded:
         print(f"{name}: the 1-minute load average {load} is above the {os.cpu_count()} cores: "
               "refusing to measure (wait for a quiet machine, or pass --allow-loaded to save a "
               "result marked quiet: false)", file=sys.stderr)
         raise SystemExit(3)
-    return Run(name=name, out=out, allow_loaded=args.allow_loaded, quick=args.quick, load_before=load)
+    return Run(name=name, out=out, allow_loaded=args.allow_loaded, quick=args.quick, load_before=load,
+               allowance_before=allowance)
 
 
-def finish(run: Run, data: dict, *, threads: int = THREADS, repeat: int = MIN_REPEAT) -> Path:
+def finish(run: Run, data: dict, *, threads: int = THREADS, repeat: int = MIN_REPEAT,
+           own_load: float = 1.0) -> Path:
     """Stamp ``data``, read the load again and save ``<out>/<name>.json``; returns the path.
 
     Adds ``stamp`` (see the module docstring) and ``quiet``. Refuses to save (exit status
     3) when either load reading was above the core count, unless ``--allow-loaded``.
+    ``own_load``: the busy processes the benchmark itself kept running (1 for a one-thread
+    script; the ring benchmark runs up to 4), taken off the reading after the run.
     """
     after = load_1min()
-    quiet = not (_loaded(run.load_before) or _loaded(after))
+    quiet = not (_loaded(run.load_before, run.allowance_before) or _loaded(after, own_load))
     if not quiet and not run.allow_loaded:
         print(f"{run.name}: the load average rose to {after} (above {os.cpu_count()} cores) "
               "during the run: not saved (pass --allow-loaded to save it marked quiet: false)",
               file=sys.stderr)
         raise SystemExit(3)
     st = stamp(threads)
-    st.update({"load_1min_before": run.load_before, "load_1min_after": after, "quiet": quiet,
+    st.update({"load_1min_before": run.load_before, "load_1min_after": after,
+               "load_own_allowance": [run.allowance_before, own_load], "quiet": quiet,
                "repeat": repeat, "quick": run.quick})
     data = {"stamp": st, "quiet": quiet, **{k: v for k, v in data.items() if k != "stamp"}}
     if "load_average" in data:  # the key older results had: [before, after]

@@ -158,6 +158,7 @@ def main() -> None:
         },
         threads=1,
         repeat=launches * TIMED_STEPS,
+        own_load=max(WORLD_SIZES),  # up to four busy ranks of its own
     )
 
 
