@@ -9,9 +9,12 @@ repeats, load checked before and after). Options are passed on to every script:
 Each script after the first is told (``BENCH_LOAD_ALLOWANCE=1``) that one busy thread in
 the load average it reads at its start is the previous benchmark's.
 
-Run: ``.venv/bin/python benchmarks/run_all.py`` (about a quarter of an hour on a quiet
-2-core machine; the docstring of each script says what it takes), or ``--only a,b`` to run
-some of them, still in the fixed order.
+Run: ``.venv/bin/python benchmarks/run_all.py``, or ``--only a,b`` to run some of them,
+still in the fixed order. Expected on a quiet 2-core AMD EPYC (estimated from the CPU time
+of the largest calls, one thread): mha ~1.5 min, linear ~1, tiled ~2, tiled_backward ~2.5,
+sparse ~2.5, approximate ~1, alignment ~0.3, paged ~0.2, decode ~0.7, ring ~2.5: about 14
+minutes in all. ``--quick`` (smoke sizes) took 6.5 minutes on the same machine at load 6-10,
+most of it the start-up of the memory probes' fresh processes.
 """
 
 from __future__ import annotations
