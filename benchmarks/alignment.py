@@ -20,7 +20,7 @@ Batch 16, 32 queries, d = e = 128, fp32, centres from ``attention.alignment.loca
 waiting, contenders interleaved, >= 7 repeats after warm-up, median and quartiles).
 Two sweeps: S = 256 ... 16384 at D = 8, and D = 2 ... 128 at S = 4096.
 
-Saved keys: ``vs_source_length`` (``S``, ``D``, and ``time_s``, ``time_q1_s``, ``time_q3_s``
+Saved keys: ``vs_source_length`` (``S``, ``D``, and ``time_s``, ``time_s_q1``, ``time_s_q3``
 as ``{contender: [per S]}``, ``per_query_s`` = median / (batch x queries), ``slope_time``
 ``{contender: log-log slope in S}``: about 0 for O(D), 1 for O(S)); ``vs_half_width`` (the
 same with ``D`` a list and ``S`` fixed, ``slope_time`` in D); ``config``; ``stamp``,
@@ -108,7 +108,7 @@ def sweep(points, *, vary: str, repeat: int) -> dict:
     return {
         "S": points if vary == "S" else S_FIXED,
         "D": D_FIXED if vary == "S" else points,
-        "time_s": med, "time_q1_s": q1, "time_q3_s": q3,
+        "time_s": med, "time_s_q1": q1, "time_s_q3": q3,
         "per_query_s": {name: [t / (BATCH * QUERIES) for t in ts] for name, ts in med.items()},
         "slope_time": {name: log_slope(points, ts) for name, ts in med.items()},
     }

@@ -13,7 +13,7 @@ repeats after warm-up, median and quartiles):
 * ``sdpa``: PyTorch's fused exact attention (O(n^2) time, O(n) memory), for scale, up to
   ``SDPA_MAX``.
 
-Saved keys: ``n``; ``time_s``, ``time_q1_s``, ``time_q3_s`` (``{lsh, linformer, sdpa}``,
+Saved keys: ``n``; ``time_s``, ``time_s_q1``, ``time_s_q3`` (``{lsh, linformer, sdpa}``,
 one entry per n, ``None`` where not run); ``peak_mib`` (same layout; extra peak memory of
 one call, fresh subprocess); ``slope_time`` and ``slope_memory`` (``{name: log-log slope}``
 over ``n >= 2048``: 1 = linear growth, 2 = quadratic); ``local_slope_time``
@@ -132,8 +132,8 @@ def main() -> None:
                    "repeat": repeat},
         "n": sizes,
         "time_s": med,
-        "time_q1_s": q1,
-        "time_q3_s": q3,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
         "peak_mib": peak,
         "slope_time": slope_time,
         "slope_memory": slope_memory,

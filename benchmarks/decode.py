@@ -32,7 +32,7 @@ than the shorter ones. The ratios are computed from the CPU time; both are saved
 
 Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]), ``cache_bytes_per_token``,
 ``contexts``, ``clock``, ``median_cpu_s``, ``median_wall_s``, ``ratios``, as before; added:
-``q1_cpu_s``, ``q3_cpu_s``, ``q1_wall_s``, ``q3_wall_s`` (interquartile ranges, the layout
+``median_cpu_s_q1``, ``median_cpu_s_q3``, ``median_wall_s_q1``, ``median_wall_s_q3`` (interquartile ranges, the layout
 of the medians), ``ratios_separated`` (per context and ratio: the two contenders'
 CPU-time interquartile ranges do not overlap), ``quiet`` (see ``_common``).
 
@@ -176,11 +176,11 @@ def main() -> None:
             "contexts": contexts,
             "clock": "ratios and median_cpu_s: time.thread_time of the one compute thread",
             "median_cpu_s": {str(k): v for k, v in results.items()},
-            "q1_cpu_s": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in cpu_stats.items()},
-            "q3_cpu_s": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in cpu_stats.items()},
+            "median_cpu_s_q1": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in cpu_stats.items()},
+            "median_cpu_s_q3": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in cpu_stats.items()},
             "median_wall_s": {str(k): v for k, v in wall_results.items()},
-            "q1_wall_s": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in wall_stats.items()},
-            "q3_wall_s": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in wall_stats.items()},
+            "median_wall_s_q1": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in wall_stats.items()},
+            "median_wall_s_q3": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in wall_stats.items()},
             "ratios": {str(k): v for k, v in ratios.items()},
             "ratios_separated": resolved,
         },

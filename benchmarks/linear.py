@@ -14,7 +14,7 @@ linear attention stays faster) and saves ``src/attention/benchmark_results/linea
 
 Keys: ``n``; ``time_s`` ``{linear, sdpa}``: medians per N; ``peak_mib``; ``speedup``
 (sdpa / linear medians); ``crossover_n``; ``load_average`` ([before, after]); ``config``.
-Added by the protocol: ``time_q1_s`` and ``time_q3_s`` (same layout as ``time_s``: the
+Added by the protocol: ``time_s_q1`` and ``time_s_q3`` (same layout as ``time_s``: the
 interquartile range of the repeats), ``speedup_separated`` (per N: the two contenders'
 interquartile ranges do not overlap, so the ratio is resolved), ``slope_time``
 (``{linear, sdpa}``: log-log slope of the median time, N >= 2048), ``stamp`` (machine,
@@ -137,8 +137,8 @@ def main() -> None:
         },
         "n": sizes,
         "time_s": times,
-        "time_q1_s": q1,
-        "time_q3_s": q3,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
         "peak_mib": peak,
         "speedup": speedup,
         "speedup_separated": resolved,

@@ -31,7 +31,7 @@ ratios (time / package time) and saves ``src/attention/benchmark_results/mha.jso
 
 Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]), ``torch_mha_fast_path``,
 ``torch_mha_path``, ``max_abs_diff_vs_package``, ``median_s``, ``ratio_to_package``,
-``speedup_vs_torch_mha``, as before; added: ``q1_s`` and ``q3_s`` (interquartile range of
+``speedup_vs_torch_mha``, as before; added: ``median_s_q1`` and ``median_s_q3`` (interquartile range of
 each contender, beside ``median_s``), ``separated_from_package`` (per contender: its
 interquartile range and the package's do not overlap), ``quiet`` (see ``_common``).
 
@@ -191,8 +191,8 @@ def main() -> None:
             ),
             "max_abs_diff_vs_package": max_diff,
             "median_s": times,
-            "q1_s": {name: st["q1"] for name, st in stats.items()},
-            "q3_s": {name: st["q3"] for name, st in stats.items()},
+            "median_s_q1": {name: st["q1"] for name, st in stats.items()},
+            "median_s_q3": {name: st["q3"] for name, st in stats.items()},
             "separated_from_package": {name: separated(st, stats["package"]) for name, st in stats.items()},
             "ratio_to_package": ratios,
             "speedup_vs_torch_mha": speedup,

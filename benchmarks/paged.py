@@ -20,7 +20,7 @@ difference is where the keys and values come from):
 
 The outputs of ``contiguous`` and ``paged`` are checked to agree before timing.
 
-Saved keys: ``contexts``; ``time_s``, ``time_q1_s``, ``time_q3_s`` (``{contender: [per L]}``);
+Saved keys: ``contexts``; ``time_s``, ``time_s_q1``, ``time_s_q3`` (``{contender: [per L]}``);
 ``paged_over_contiguous`` (median ratio per L) and ``paged_over_contiguous_separated`` (the
 two interquartile ranges do not overlap); ``config``; ``stamp``, ``quiet`` (``_common``).
 
@@ -108,8 +108,8 @@ def main() -> None:
                    "threads": THREADS, "omp_wait_policy": OMP_WAIT_POLICY, "repeat": repeat},
         "contexts": contexts,
         "time_s": med,
-        "time_q1_s": q1,
-        "time_q3_s": q3,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
         "paged_over_contiguous": ratio,
         "paged_over_contiguous_separated": resolved,
     }, repeat=repeat)

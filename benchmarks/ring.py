@@ -21,8 +21,8 @@ waiting; every rank runs one thread) applies. Saves
 
 Keys: ``stamp``, ``load_average`` ([before, after]), ``config``, ``world_sizes``, ``results``
 (``{P: {layout: {peak_mib, cpu_s, wall_s}}}``; ``peak_mib`` and ``cpu_s`` per rank,
-medians), as before; added in each ``results[P][layout]``: ``cpu_q1_s``, ``cpu_q3_s`` (per
-rank, interquartile range), ``wall_q1_s``, ``wall_q3_s``; and ``quiet`` (see ``_common``).
+medians), as before; added in each ``results[P][layout]``: ``cpu_s_q1``, ``cpu_s_q3`` (per
+rank, interquartile range), ``wall_s_q1``, ``wall_s_q3``; and ``quiet`` (see ``_common``).
 
 Run: ``.venv/bin/python benchmarks/ring.py`` (about two minutes on a quiet machine).
 """
@@ -126,10 +126,10 @@ def main() -> None:
                 "peak_mib": [statistics.median(x["peak_mib"] for x in rank) for rank in per_rank],
                 "cpu_s": [c["median"] for c in cpu],
                 "wall_s": wall["median"],
-                "cpu_q1_s": [c["q1"] for c in cpu],
-                "cpu_q3_s": [c["q3"] for c in cpu],
-                "wall_q1_s": wall["q1"],
-                "wall_q3_s": wall["q3"],
+                "cpu_s_q1": [c["q1"] for c in cpu],
+                "cpu_s_q3": [c["q3"] for c in cpu],
+                "wall_s_q1": wall["q1"],
+                "wall_s_q3": wall["q3"],
             }
             results[str(p)][layout] = entry
             print(

@@ -29,7 +29,7 @@ median and quartiles saved); peak memory of one call in a fresh subprocess.
 Keys (``sliding_window``): ``n``, ``window_s``, ``dense_mask_s``, ``speedup`` (dense_mask /
 window), ``window_mib``, ``dense_mask_mib``, ``memory_ratio`` (dense_mask / window memory),
 ``slope_time``, ``slope_memory`` (now fitted over N = 2048 ... 32768), as before; added:
-``dense_s``, ``dense_prepared_mask_s`` (``None`` where not run), ``*_q1_s`` / ``*_q3_s``
+``dense_s``, ``dense_prepared_mask_s`` (``None`` where not run), ``*_s_q1`` / ``*_s_q3``
 beside every ``*_s`` (interquartile range), ``dense_mib``, ``dense_prepared_mask_mib``,
 ``speedup_vs_dense``, ``speedup_vs_prepared_mask`` (baseline / window, medians) and
 ``*_separated`` beside each speed-up (the two interquartile ranges do not overlap),
@@ -37,8 +37,8 @@ beside every ``*_s`` (interquartile range), ``dense_mib``, ``dense_prepared_mask
 ``mask_float_mib`` (size of the float mask SDPA builds from the boolean one),
 ``slope_n`` (the sizes of the fit), ``local_slope_time``, ``local_slope_memory`` (slope
 between neighbouring sizes from 2048 on). ``block_sparse``: as before, plus
-``block_sparse_q1_s``, ``block_sparse_q3_s``, ``dense_q1_s``, ``dense_q3_s``,
-``small_block_q1_s``, ``small_block_q3_s``. ``block_diagonal``: as before.
+``block_sparse_s_q1``, ``block_sparse_s_q3``, ``dense_s_q1``, ``dense_s_q3``,
+``small_block_s_q1``, ``small_block_s_q3``. ``block_diagonal``: as before.
 ``one_thread_check``: kept for the chapters; every timing is now one thread, so it copies
 the N = 8192 values of the main run. Plus ``stamp`` and ``quiet`` (see ``_common``).
 
@@ -185,7 +185,7 @@ def sliding_window(sizes, dense_max, mask_max, repeat) -> dict:
     names = ("window", "dense", "dense_mask", "dense_prepared_mask")
     calls = {"window": window_call, "dense": dense_call, "dense_mask": dense_mask_call,
              "dense_prepared_mask": prepared_mask_call}
-    sw = {"n": sizes, **{f"{m}{suffix}": [] for m in names for suffix in ("_s", "_q1_s", "_q3_s", "_mib")},
+    sw = {"n": sizes, **{f"{m}{suffix}": [] for m in names for suffix in ("_s", "_s_q1", "_s_q3", "_mib")},
           "speedup": [], "speedup_separated": [], "speedup_vs_dense": [], "speedup_vs_dense_separated": [],
           "speedup_vs_prepared_mask": [], "speedup_vs_prepared_mask_separated": [], "memory_ratio": [],
           "density": [], "ratio_to_density_x_dense": [], "mask_float_mib": []}
@@ -199,8 +199,8 @@ def sliding_window(sizes, dense_max, mask_max, repeat) -> dict:
         for m in names:
             st = t.get(m)
             sw[f"{m}_s"].append(_q(st, "median"))
-            sw[f"{m}_q1_s"].append(_q(st, "q1"))
-            sw[f"{m}_q3_s"].append(_q(st, "q3"))
+            sw[f"{m}_s_q1"].append(_q(st, "q1"))
+            sw[f"{m}_s_q3"].append(_q(st, "q3"))
             sw[f"{m}_mib"].append(peak_mib(f"{m}_call" if m != "dense_prepared_mask" else "prepared_mask_call", n=n)
                                   if st is not None else None)
         w = t["window"]
@@ -232,10 +232,10 @@ def sliding_window(sizes, dense_max, mask_max, repeat) -> dict:
 
 def block_sparse(block_sizes, quick) -> dict:
     bs = {"n": block_sizes, "block_size": BLOCK, "density": [], "block_sparse_s": [],
-          "block_sparse_q1_s": [], "block_sparse_q3_s": [], "dense_s": [], "dense_q1_s": [],
-          "dense_q3_s": [], "ratio_to_density_x_dense": [], "block_sparse_mib": [], "dense_mib": [],
+          "block_sparse_s_q1": [], "block_sparse_s_q3": [], "dense_s": [], "dense_s_q1": [],
+          "dense_s_q3": [], "ratio_to_density_x_dense": [], "block_sparse_mib": [], "dense_mib": [],
           "small_block_size": SMALL_BLOCK, "small_block_density": [], "small_block_s": [],
-          "small_block_q1_s": [], "small_block_q3_s": [], "small_block_ratio": []}
+          "small_block_s_q1": [], "small_block_s_q3": [], "small_block_ratio": []}
     for n in block_sizes:
         density = float(layout_for(n).float().mean())
         small_density = float(layout_for(n, SMALL_BLOCK).float().mean())
@@ -249,8 +249,8 @@ def block_sparse(block_sizes, quick) -> dict:
         bs["density"].append(density)
         for key, name in (("block_sparse", "block_sparse"), ("dense", "dense"), ("small_block", "small")):
             bs[f"{key}_s"].append(t[name]["median"])
-            bs[f"{key}_q1_s"].append(t[name]["q1"])
-            bs[f"{key}_q3_s"].append(t[name]["q3"])
+            bs[f"{key}_s_q1"].append(t[name]["q1"])
+            bs[f"{key}_s_q3"].append(t[name]["q3"])
         bs["ratio_to_density_x_dense"].append(ratio)
         bs["small_block_density"].append(small_density)
         bs["small_block_ratio"].append(small_ratio)

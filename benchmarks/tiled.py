@@ -18,7 +18,7 @@ and saves ``src/attention/benchmark_results/tiled.json``.
 
 Keys: ``n``; ``time_s`` and ``peak_mib`` ``{tiled, naive, sdpa}`` per N (medians);
 ``memory_ratio`` (tiled / naive peak); ``load_average`` ([before, after]); ``config``.
-Added by the protocol: ``time_q1_s``, ``time_q3_s`` (interquartile range, same layout as
+Added by the protocol: ``time_s_q1``, ``time_s_q3`` (interquartile range, same layout as
 ``time_s``), ``tiled_over_sdpa`` (median ratio per N) with ``tiled_over_sdpa_separated``
 (the two interquartile ranges do not overlap), ``slope_memory`` (log-log, N >= 2048),
 ``stamp`` and ``quiet`` (see ``_common``).
@@ -137,8 +137,8 @@ def main() -> None:
         },
         "n": sizes,
         "time_s": times,
-        "time_q1_s": q1,
-        "time_q3_s": q3,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
         "peak_mib": peak,
         "memory_ratio": [t / nv for t, nv in zip(peak["tiled"], peak["naive"], strict=True)],
         "tiled_over_sdpa": [t / s for t, s in zip(times["tiled"], times["sdpa"], strict=True)],

@@ -28,8 +28,8 @@ backward of one graph built outside the timed call, run with ``retain_graph``).
 
 Keys: ``n``, ``peak_mib`` ``{naive, tiled_autograd, tiled}``, ``timed_n``, ``time_s``,
 ``memory_ratio_8192``, ``load_average``, ``config``, as before; ``peak_mib``, ``time_s`` and
-``memory_ratio_8192`` now also hold ``stored_p`` and ``sdpa``. Added: ``time_q1_s``,
-``time_q3_s`` (interquartile range, the layout of ``time_s``); ``recompute``: ``n``,
+``memory_ratio_8192`` now also hold ``stored_p`` and ``sdpa``. Added: ``time_s_q1``,
+``time_s_q3`` (interquartile range, the layout of ``time_s``); ``recompute``: ``n``,
 ``repeat``, ``forward_backward`` and ``backward`` (each ``{tiled, stored_p}`` ->
 ``{median, q1, q3}`` in seconds), ``cost_forward_backward`` and ``cost_backward``
 (tiled / stored_p medians - 1: the fraction recomputation adds), ``*_separated`` (the two
@@ -287,8 +287,8 @@ def main() -> None:
         "peak_mib": peak,
         "timed_n": timed,
         "time_s": times,
-        "time_q1_s": q1,
-        "time_q3_s": q3,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
         "memory_ratio_8192": {name: peak[name][i] / peak["naive"][i] for name in CONTENDERS},
         "recompute": recompute,
     }, repeat=repeat)
