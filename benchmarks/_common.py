@@ -10,10 +10,15 @@ The protocol every script follows (so a reader can trust and compare the saved n
   transfers between machines of different core counts. With one thread OpenMP has no
   worker to keep waiting, so the wait policy hardly matters; ``"passive"`` is recorded so
   that a run with more threads (``BENCH_THREADS``) is still comparable between scripts.
+  (A quick check on a busy 2-core machine, fused SDPA, block-sparse, sliding-window and
+  linear attention at N = 4096: one-thread times equal within noise under passive and
+  default waiting; two-thread times slower than one thread and erratic under either.)
 * **Spread, not one median.** Contenders run interleaved (round-robin, so a burst of load
   hits all alike), at least :data:`MIN_REPEAT` timed repeats after warm-up; the median and
-  the interquartile range (``q1``, ``q3``) are saved. A ratio is worth quoting where the
-  ranges of its two contenders do not overlap (:func:`separated`).
+  the interquartile range are saved: the quartiles of a median saved under key ``K`` are
+  ``K_q1`` and ``K_q3``, beside it and with its layout (``time_s`` -> ``time_s_q1``). A
+  ratio is worth quoting where the ranges of its two contenders do not overlap
+  (:func:`separated`; scripts save ``*_separated`` flags).
 * **A quiet machine, named.** The 1-minute load average is read before and after; a script
   refuses to start or to save when it is above the core count, unless run with
   ``--allow-loaded``, which saves the result with ``"quiet": false``. The benchmark's own
@@ -41,8 +46,8 @@ Keys the protocol adds to every result (beside the script's own):
 
 * ``stamp``: ``cpu``, ``cores``, ``threads`` (time), ``memory_threads``, ``omp_wait_policy``,
   ``torch``, ``python``, ``date`` (ISO day, as before), ``datetime`` (UTC, to the minute),
-  ``load_1min_before``, ``load_1min_after``, ``load_own_allowance``, ``quiet``, ``repeat`` (timed repeats per
-  contender, at least), ``quick`` (true only for smoke runs at tiny sizes);
+  ``load_1min_before``, ``load_1min_after``, ``load_own_allowance``, ``quiet``, ``repeat``
+  (timed repeats per contender, at least), ``quick`` (true only for smoke runs);
 * ``quiet``: true when neither load reading was above the core count.
 
 Options of every script: ``--allow-loaded`` (measure and save on a loaded machine, marked
