@@ -1,7 +1,8 @@
 """Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 16).
 
-Setting: one attention layer, batch 1, embed 512, 8 heads, fp32, ``torch.set_num_threads(1)``,
-``torch.inference_mode()``. For each context length ``L`` the task is the same: produce the
+Setting: one attention layer, batch 1, embed 512, 8 heads, fp32, ``torch.inference_mode()``,
+under the protocol of ``_common`` (one thread, passive OpenMP waiting, contenders
+interleaved, 15 repeats after warm-up, median and quartiles saved). For each context length ``L`` the task is the same: produce the
 layer's output for token ``L + 1`` given the ``L`` tokens before it.
 
 Contenders, timed round-robin in one run (medians after warm-up):
@@ -29,27 +30,31 @@ thread, so the CPU time is the work done; on a machine shared with other jobs th
 time also counts the time spent waiting for a core, which inflates the longer calls more
 than the shorter ones. The ratios are computed from the CPU time; both are saved.
 
-Run: ``.venv/bin/python benchmarks/decode.py`` (about two minutes on one idle core; more under load).
+Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]), ``cache_bytes_per_token``,
+``contexts``, ``clock``, ``median_cpu_s``, ``median_wall_s``, ``ratios``, as before; added:
+``median_cpu_s_q1``, ``median_cpu_s_q3``, ``median_wall_s_q1``, ``median_wall_s_q3`` (interquartile ranges, the layout
+of the medians), ``ratios_separated`` (per context and ratio: the two contenders'
+CPU-time interquartile ranges do not overlap), ``quiet`` (see ``_common``).
+
+Run: ``.venv/bin/python benchmarks/decode.py`` (about a minute on a quiet machine).
 """
 
 from __future__ import annotations
 
-import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+
+OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save_results, stamp  # noqa: E402
+from _common import THREADS, begin, finish, quartiles, separated  # noqa: E402
 
 from attention import MultiHeadAttention, MultiHeadLatentAttention  # noqa: E402
 
-THREADS = 1
 EMBED, HEADS = 512, 8
 MLA_DIMS = dict(kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
 CONTEXTS = [128, 256, 512, 1024, 2048]
@@ -57,7 +62,7 @@ WARMUP, REPEAT = 1, 15
 
 
 def interleaved_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
-    """Median wall and thread-CPU seconds of each contender, run round-robin."""
+    """Wall and thread-CPU quartiles (``_common.quartiles``) of each contender, run round-robin."""
     wall = {name: [] for name in fns}
     cpu = {name: [] for name in fns}
     with torch.inference_mode():
@@ -70,8 +75,7 @@ def interleaved_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, di
                 fn()
                 cpu[name].append(time.thread_time() - c0)
                 wall[name].append(time.perf_counter() - t0)
-    median = statistics.median
-    return ({n: median(t) for n, t in wall.items()}, {n: median(t) for n, t in cpu.items()})
+    return ({n: quartiles(t) for n, t in wall.items()}, {n: quartiles(t) for n, t in cpu.items()})
 
 
 def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttention, x):
@@ -104,17 +108,20 @@ def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttenti
 
 
 def main() -> None:
+    run = begin("decode")
+    contexts = [128, 256] if run.quick else CONTEXTS
+    repeat = 3 if run.quick else REPEAT
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     mha = MultiHeadAttention(EMBED, HEADS).eval()
     mla = MultiHeadLatentAttention(EMBED, HEADS, **MLA_DIMS).eval()
-    x = torch.randn(1, max(CONTEXTS) + 1, EMBED)
+    x = torch.randn(1, max(contexts) + 1, EMBED)
     bytes_per_token = {
         "mha": mha.new_cache(1, 1).nbytes,  # keys and values of 8 heads of 64, fp32
         "mla": mla.new_cache(1, 1).nbytes,  # latent 128 + rotary key 32, fp32
     }
-    results, wall_results = {}, {}
-    for length in CONTEXTS:
+    results, wall_results, cpu_stats, wall_stats = {}, {}, {}, {}
+    for length in contexts:
         fns = contenders(length, mha, mla, x)
         with torch.inference_mode():
             outs = {name: fn() for name, fn in fns.items()}
@@ -124,8 +131,10 @@ def main() -> None:
                 if name.startswith(family):
                     diff = float((out - ref).abs().max())
                     assert diff < 1e-4, f"L={length}: {name} differs from no-cache by {diff}"
-        wall, times = interleaved_clocks(fns, warmup=WARMUP, repeat=REPEAT)
-        results[length], wall_results[length] = times, wall
+        wall, cpu = interleaved_clocks(fns, warmup=WARMUP, repeat=repeat)
+        cpu_stats[length], wall_stats[length] = cpu, wall
+        times = {name: st["median"] for name, st in cpu.items()}
+        results[length], wall_results[length] = times, {name: st["median"] for name, st in wall.items()}
         print(f"L={length:5d} cpu " + "  ".join(f"{k} {1e3 * t:8.2f} ms" for k, t in times.items()),
               flush=True)
 
@@ -138,16 +147,17 @@ def main() -> None:
         }
         for length, t in results.items()
     }
+    pairs = {"mha_no_cache / mha_cache": ("mha_no_cache", "mha_cache"),
+             "mla_no_cache / mla_absorbed": ("mla_no_cache", "mla_absorbed"),
+             "mla_materialised / mla_absorbed": ("mla_materialised", "mla_absorbed"),
+             "mla_absorbed / mha_cache": ("mla_absorbed", "mha_cache")}
+    resolved = {str(length): {k: separated(st[a], st[b]) for k, (a, b) in pairs.items()}
+                for length, st in cpu_stats.items()}
     for length, r in ratios.items():
         print(f"L={length:5d}  " + "  ".join(f"{k}: {v:.2f}" for k, v in r.items()))
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    path = save_results(
-        "decode",
+    finish(
+        run,
         {
-            "stamp": stamp(THREADS),
             "setting": {
                 "batch": 1,
                 "embed_dim": EMBED,
@@ -157,18 +167,25 @@ def main() -> None:
                 "dtype": "float32",
                 "mode": "one decode step, forward, inference_mode",
                 "warmup": WARMUP + 1,
-                "repeat": REPEAT,
+                "repeat": repeat,
+                "threads": THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
             },
-            "load_average": load,
+            "load_average": None,  # filled by finish: [before, after]
             "cache_bytes_per_token": bytes_per_token,
-            "contexts": CONTEXTS,
+            "contexts": contexts,
             "clock": "ratios and median_cpu_s: time.thread_time of the one compute thread",
             "median_cpu_s": {str(k): v for k, v in results.items()},
+            "median_cpu_s_q1": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in cpu_stats.items()},
+            "median_cpu_s_q3": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in cpu_stats.items()},
             "median_wall_s": {str(k): v for k, v in wall_results.items()},
+            "median_wall_s_q1": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in wall_stats.items()},
+            "median_wall_s_q3": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in wall_stats.items()},
             "ratios": {str(k): v for k, v in ratios.items()},
+            "ratios_separated": resolved,
         },
+        repeat=repeat,
     )
-    print(f"saved {path}")
 
 
 if __name__ == "__main__":

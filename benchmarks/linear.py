@@ -1,6 +1,7 @@
 """Causal linear attention (two chunkwise forms) against fused causal softmax attention (chapter 10).
 
-Contenders, fp32, batch 1, 4 heads, d = e = 64, 2 threads:
+Contenders, fp32, batch 1, 4 heads, d = e = 64, under the protocol of ``_common`` (one
+thread for time and for memory, passive OpenMP waiting, interleaved, >= 7 repeats):
 
 * ``linear``: ``attention.linear_attention(..., is_causal=True, chunk_size=64)``, the
   parallel chunkwise form (elu + 1 feature map; every chunk's state held at once);
@@ -9,35 +10,51 @@ Contenders, fp32, batch 1, 4 heads, d = e = 64, 2 threads:
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``,
   PyTorch's fused (flash-style) CPU kernel: exact softmax, O(N^2) time, O(N) memory.
 
-For each N the two are timed round-robin (medians after warm-up) and each one's peak
-memory is measured in a fresh subprocess. Prints the speed-up and the crossover length
-(the shortest N from which linear attention stays faster) and saves
-``src/attention/benchmark_results/linear.json``.
+For each N the two are timed round-robin and each one's peak memory is measured in a
+fresh subprocess. Prints the speed-up and the crossover length (the shortest N from which
+linear attention stays faster) and saves ``src/attention/benchmark_results/linear.json``.
 
-Run: ``.venv/bin/python benchmarks/linear.py`` (about two minutes).
+Keys: ``n``; ``time_s`` ``{linear, sdpa}``: medians per N; ``peak_mib``; ``speedup``
+(sdpa / linear medians); ``crossover_n``; ``load_average`` ([before, after]); ``config``.
+Added by the protocol: ``time_s_q1`` and ``time_s_q3`` (same layout as ``time_s``: the
+interquartile range of the repeats), ``speedup_separated`` (per N: the two contenders'
+interquartile ranges do not overlap, so the ratio is resolved), ``slope_time``
+(``{linear, sdpa}``: log-log slope of the median time, N >= 2048), ``stamp`` (machine,
+threads, policy, load before and after) and ``quiet`` (see ``_common``).
+
+Run: ``.venv/bin/python benchmarks/linear.py`` (about a minute on a quiet machine).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import set_omp_wait_policy  # noqa: E402
+from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
 
-# Passive: many small operations (hundreds of ms at N = 256 under load with spinning
-# threads); see _common.set_omp_wait_policy. Chosen before torch loads.
-OMP_WAIT_POLICY = set_omp_wait_policy("passive")
+OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
-from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
+from _common import (  # noqa: E402
+    MEMORY_THREADS,
+    MIN_REPEAT,
+    THREADS,
+    begin,
+    finish,
+    interleaved_stats,
+    log_slope,
+    peak_memory_mib,
+    separated,
+    spread,
+)
 
 from attention import lightning_attention, linear_attention  # noqa: E402
 
-THREADS = 2
 HEADS, DIM, CHUNK = 4, 64, 64
 SIZES = [256, 512, 1024, 2048, 4096, 8192, 16384]
+QUICK_SIZES = [256, 512, 1024]
+DECAY = -torch.linspace(0.01, 0.5, HEADS)  # per-head log-decay, (h,)
 
 
 def _inputs(n: int):
@@ -47,9 +64,6 @@ def _inputs(n: int):
 
 def _linear(q, k, v):
     return linear_attention(q, k, v, is_causal=True, chunk_size=CHUNK)
-
-
-DECAY = -torch.linspace(0.01, 0.5, HEADS)  # per-head log-decay, (h,)
 
 
 def _lightning(q, k, v):
@@ -92,54 +106,58 @@ def crossover(sizes: list[int], ratio: list[float]) -> int | None:
 
 
 def main() -> None:
+    run = begin("linear")
+    sizes = QUICK_SIZES if run.quick else SIZES
+    repeat = 3 if run.quick else MIN_REPEAT
     torch.set_num_threads(THREADS)
-    load_before = os.getloadavg()[0]
-    times = {"linear": [], "lightning": [], "sdpa": []}
-    # Memory first: a probe's peak RSS includes this parent's peak at the time it is
-    # spawned (exec carries it over), so measure before any large tensor exists here.
-    peak = {name: [peak_memory_mib(f"linear:make_{name}", n=n) for n in SIZES] for name in times}
+    names = ("linear", "lightning", "sdpa")
+    # Memory first: measured before any large tensor exists in this parent.
+    peak = {name: [peak_memory_mib(f"linear:make_{name}", n=n) for n in sizes] for name in names}
+    stats = {name: [] for name in names}
     print(f"{'N':>6} {'linear ms':>10} {'sdpa ms':>10} {'speed-up':>9} {'linear MiB':>11} {'sdpa MiB':>9}")
-    for k, n in enumerate(SIZES):
-        repeat = 7 if n <= 4096 else 5
-        t = interleaved_times({"linear": make_linear(n), "lightning": make_lightning(n),
+    for k, n in enumerate(sizes):
+        t = interleaved_stats({"linear": make_linear(n), "lightning": make_lightning(n),
                                "sdpa": make_sdpa(n)}, warmup=2, repeat=repeat)
-        for name in times:
-            times[name].append(t[name])
-        print(
-            f"{n:>6} {1e3 * t['linear']:>10.2f} {1e3 * t['sdpa']:>10.2f} "
-            f"{t['sdpa'] / t['linear']:>8.1f}x {peak['linear'][k]:>11.1f} {peak['sdpa'][k]:>9.1f} "
-            f"lightning {1e3 * t['lightning']:.2f} ms {peak['lightning'][k]:.1f} MiB"
-        )
+        for name in names:
+            stats[name].append(t[name])
+        print(f"{n:>6} {1e3 * t['linear']['median']:>10.2f} {1e3 * t['sdpa']['median']:>10.2f} "
+              f"{t['sdpa']['median'] / t['linear']['median']:>8.1f}x {peak['linear'][k]:>11.1f} "
+              f"{peak['sdpa'][k]:>9.1f}", flush=True)
+    times, q1, q3 = {}, {}, {}
+    for name in names:
+        times[name], q1[name], q3[name] = spread(stats[name])
     speedup = [s / lin for s, lin in zip(times["sdpa"], times["linear"], strict=True)]
-    cross = crossover(SIZES, speedup)
-    print(f"crossover: linear attention is faster from N = {cross} on")
-    for n in (8192, 16384):
-        print(f"speed-up at N = {n}: {speedup[SIZES.index(n)]:.1f}x")
-    path = save_results(
-        "linear",
-        {
-            "stamp": stamp(THREADS),
-            # 1-minute load average before and after: other jobs on the machine skew times.
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "config": {
-                "batch": 1,
-                "heads": HEADS,
-                "d": DIM,
-                "dtype": "float32",
-                "chunk_size": CHUNK,
-                "feature_map": "elu+1",
-                "lightning_log_decay": DECAY.tolist(),
-                "memory_threads": 1,
-                "omp_wait_policy": OMP_WAIT_POLICY,
-            },
-            "n": SIZES,
-            "time_s": times,
-            "peak_mib": peak,
-            "speedup": speedup,
-            "crossover_n": cross,
+    resolved = [separated(a, b) for a, b in zip(stats["linear"], stats["sdpa"], strict=True)]
+    cross = crossover(sizes, speedup)
+    big = [i for i, n in enumerate(sizes) if n >= 2048]
+    big = big if len(big) >= 2 else list(range(len(sizes)))
+    slopes = {name: log_slope([sizes[i] for i in big], [times[name][i] for i in big]) for name in names}
+    print(f"crossover: linear attention is faster from N = {cross} on; time slopes (N >= 2048): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in slopes.items()))
+    finish(run, {
+        "load_average": None,  # filled by finish: [before, after]
+        "config": {
+            "batch": 1,
+            "heads": HEADS,
+            "d": DIM,
+            "dtype": "float32",
+            "chunk_size": CHUNK,
+            "feature_map": "elu+1",
+            "threads": THREADS,
+            "memory_threads": MEMORY_THREADS,
+            "omp_wait_policy": OMP_WAIT_POLICY,
+            "repeat": repeat,
         },
-    )
-    print(f"saved {path}")
+        "n": sizes,
+        "time_s": times,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
+        "peak_mib": peak,
+        "speedup": speedup,
+        "speedup_separated": resolved,
+        "slope_time": slopes,
+        "crossover_n": cross,
+    }, repeat=repeat)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The package's MultiHeadAttention against nn.MultiheadAttention and two baselines (chapter 06).
 
 Setting: batch 8, length 1024, embed 768, 12 heads (d = 64), causal self-attention,
-forward only, fp32, ``torch.set_num_threads(2)``, ``torch.inference_mode()``.
+forward only, fp32, ``torch.inference_mode()``, under the protocol of ``_common`` (one
+thread, passive OpenMP waiting, contenders interleaved, >= 7 repeats, quartiles saved).
 
 Contenders, timed round-robin in one run (medians after warm-up):
 
@@ -28,34 +29,35 @@ All contenders share the same weights and are checked to agree before timing (th
 first call is also the warm-up). Prints
 ratios (time / package time) and saves ``src/attention/benchmark_results/mha.json``.
 
-Run: ``.venv/bin/python benchmarks/mha.py`` (about a minute on 2 idle cores, three under load).
+Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]), ``torch_mha_fast_path``,
+``torch_mha_path``, ``max_abs_diff_vs_package``, ``median_s``, ``ratio_to_package``,
+``speedup_vs_torch_mha``, as before; added: ``median_s_q1`` and ``median_s_q3`` (interquartile range of
+each contender, beside ``median_s``), ``separated_from_package`` (per contender: its
+interquartile range and the package's do not overlap), ``quiet`` (see ``_common``).
+
+Run: ``.venv/bin/python benchmarks/mha.py`` (about two minutes on a quiet machine).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import set_omp_wait_policy  # noqa: E402
+from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
 
-# Passive: idle OpenMP threads sleep instead of spinning, so a loaded machine distorts the
-# many-small-kernel contenders less (the same setting for every contender); see
-# _common.set_omp_wait_policy. Chosen before torch loads.
-OMP_WAIT_POLICY = set_omp_wait_policy("passive")
+OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import interleaved_times, save_results, stamp  # noqa: E402
+from _common import MIN_REPEAT, THREADS, begin, finish, interleaved_stats, separated  # noqa: E402
 from torch import nn  # noqa: E402
 
 from attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention  # noqa: E402
 
-THREADS = 2
 BATCH, LENGTH, EMBED, HEADS = 8, 1024, 768, 12
 ROLES = ("w_query", "w_key", "w_value")
-WARMUP, REPEAT = 0, 5  # the correctness check before timing is the warm-up
+WARMUP, REPEAT = 0, MIN_REPEAT  # the correctness check before timing is the warm-up
 
 
 class NaiveHeads(nn.Module):
@@ -96,6 +98,9 @@ def raw_sdpa(x, w_in, b_in, w_out, b_out):
 
 
 def main() -> None:
+    run = begin("mha")
+    repeat = 2 if run.quick else REPEAT
+    batch = 1 if run.quick else BATCH
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(EMBED, HEADS, batch_first=True).eval()
@@ -104,7 +109,7 @@ def main() -> None:
         ref.out_proj.bias.normal_(std=0.02)
     ours = MultiHeadAttention.from_torch(ref).eval()
     naive = NaiveHeads(ours).eval()
-    x = torch.randn(BATCH, LENGTH, EMBED)
+    x = torch.randn(batch, LENGTH, EMBED)
     blocked = ~causal_mask(LENGTH)  # torch's polarity: True = blocked
     w_in, b_in = ref.in_proj_weight.detach(), ref.in_proj_bias.detach()
     w_out, b_out = ref.out_proj.weight.detach(), ref.out_proj.bias.detach()
@@ -145,11 +150,12 @@ def main() -> None:
     for name, diff in max_diff.items():
         assert diff < 1e-4, f"{name} differs from the package by {diff}"
     del outs
-    times = interleaved_times(fns, warmup=WARMUP, repeat=REPEAT)
+    stats = interleaved_stats(fns, warmup=WARMUP, repeat=repeat)
+    times = {name: st["median"] for name, st in stats.items()}
 
     ratios = {name: t / times["package"] for name, t in times.items()}
     print(
-        f"batch {BATCH}, length {LENGTH}, embed {EMBED}, {HEADS} heads, causal, fp32, "
+        f"batch {batch}, length {LENGTH}, embed {EMBED}, {HEADS} heads, causal, fp32, "
         f"{THREADS} threads"
     )
     print(f"nn.MultiheadAttention took its fast path: {fast_path}")
@@ -159,16 +165,11 @@ def main() -> None:
     speedup = ratios["torch_mha"]
     print(f"package vs nn.MultiheadAttention: {speedup:.2f}x faster (target >= 1.5x)")
 
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    path = save_results(
-        "mha",
+    finish(
+        run,
         {
-            "stamp": stamp(THREADS),
             "setting": {
-                "batch": BATCH,
+                "batch": batch,
                 "length": LENGTH,
                 "embed_dim": EMBED,
                 "num_heads": HEADS,
@@ -176,10 +177,11 @@ def main() -> None:
                 "dtype": "float32",
                 "mode": "forward, inference_mode",
                 "warmup": WARMUP + 1,
-                "repeat": REPEAT,
+                "repeat": repeat,
+                "threads": THREADS,
                 "omp_wait_policy": OMP_WAIT_POLICY,
             },
-            "load_average": load,
+            "load_average": None,  # filled by finish: [before, after]
             "torch_mha_fast_path": fast_path,
             "torch_mha_path": (
                 "torch._native_multi_head_attention on CPU: bmm, _masked_softmax, bmm over the "
@@ -189,11 +191,14 @@ def main() -> None:
             ),
             "max_abs_diff_vs_package": max_diff,
             "median_s": times,
+            "median_s_q1": {name: st["q1"] for name, st in stats.items()},
+            "median_s_q3": {name: st["q3"] for name, st in stats.items()},
+            "separated_from_package": {name: separated(st, stats["package"]) for name, st in stats.items()},
             "ratio_to_package": ratios,
             "speedup_vs_torch_mha": speedup,
         },
+        repeat=repeat,
     )
-    print(f"saved {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,18 @@ each) with the contiguous and the zigzag layout. On every rank it records
 
 The machine has 2 cores: P = 4 processes share them, so no speed-up is expected from
 P = 4; the point is memory per rank and the balance of causal work. Runs for P = 1, 2, 4
-are interleaved (P = 1, 2, 4, 1, 2, 4, ...) and medians are reported, so a burst of load
-from other jobs hits all of them alike. Saves
+are interleaved (P = 1, 2, 4, 1, 2, 4, ...); 3 launches x 3 timed steps give 9 samples
+per rank, whose median and quartiles are saved, so a burst of load from other jobs hits
+all of them alike. The protocol of ``_common`` (load check, stamp, passive OpenMP
+waiting; every rank runs one thread) applies. Saves
 ``src/attention/benchmark_results/ring.json``.
 
-Run: ``.venv/bin/python benchmarks/ring.py`` (several minutes).
+Keys: ``stamp``, ``load_average`` ([before, after]), ``config``, ``world_sizes``, ``results``
+(``{P: {layout: {peak_mib, cpu_s, wall_s}}}``; ``peak_mib`` and ``cpu_s`` per rank,
+medians), as before; added in each ``results[P][layout]``: ``cpu_s_q1``, ``cpu_s_q3`` (per
+rank, interquartile range), ``wall_s_q1``, ``wall_s_q3``; and ``quiet`` (see ``_common``).
+
+Run: ``.venv/bin/python benchmarks/ring.py`` (about two minutes on a quiet machine).
 """
 
 from __future__ import annotations
@@ -28,24 +35,26 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+
+OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads; the ranks inherit it
 # Return every freed buffer over 64 KiB to the system at once, so peaks are not hidden by
 # reused memory (inherited by the spawned ranks).
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save_results, stamp  # noqa: E402
+from _common import begin, finish, quartiles  # noqa: E402
 
 from attention.distributed import ring_attention, run_distributed, shard_sequence  # noqa: E402
 
-N, HEADS, DIM, BLOCK = 4096, 4, 64, 256
+N = int(os.environ.get("RING_BENCH_N", "4096"))  # --quick sets 512 for the spawned ranks
+HEADS, DIM, BLOCK = 4, 64, 256
 WORLD_SIZES = [1, 2, 4]
 LAYOUTS = ["contiguous", "zigzag"]
 LAUNCHES = 3  # per P, interleaved
-TIMED_STEPS = 2  # per launch and layout
+TIMED_STEPS = 3  # per launch and layout: 9 samples per rank
 
 
 def _status_mib(key: str) -> float:
@@ -93,37 +102,46 @@ def measure(rank: int, world_size: int) -> list[dict]:
 
 
 def main() -> None:
-    load_before = os.getloadavg()[0]
+    run = begin("ring")
+    launches = LAUNCHES
+    if run.quick:
+        os.environ["RING_BENCH_N"] = "512"
+        launches = 1
     runs = {p: [] for p in WORLD_SIZES}
-    for launch in range(LAUNCHES):
+    for launch in range(launches):
         for p in WORLD_SIZES:
             t0 = time.perf_counter()
             runs[p].append(run_distributed(measure, p, timeout=900))
-            print(f"launch {launch + 1}/{LAUNCHES}, P = {p}: {time.perf_counter() - t0:.0f} s", flush=True)
+            print(f"launch {launch + 1}/{launches}, P = {p}: {time.perf_counter() - t0:.0f} s", flush=True)
     results = {}
     for p in WORLD_SIZES:
         results[str(p)] = {}
         for layout in LAYOUTS:
             per_rank = [[run[r][layout] for run in runs[p]] for r in range(p)]  # [rank][launch]
-            steps = [(launch, s) for launch in range(LAUNCHES) for s in range(TIMED_STEPS)]
+            steps = [(launch, s) for launch in range(launches) for s in range(TIMED_STEPS)]
+            cpu = [quartiles([c for x in rank for c in x["cpu_s"]]) for rank in per_rank]
+            # a step ends when its slowest rank does
+            wall = quartiles([max(rank[a]["wall_s"][s] for rank in per_rank) for a, s in steps])
             entry = {
                 "peak_mib": [statistics.median(x["peak_mib"] for x in rank) for rank in per_rank],
-                "cpu_s": [statistics.median(c for x in rank for c in x["cpu_s"]) for rank in per_rank],
-                # a step ends when its slowest rank does
-                "wall_s": statistics.median(max(rank[a]["wall_s"][s] for rank in per_rank) for a, s in steps),
+                "cpu_s": [c["median"] for c in cpu],
+                "wall_s": wall["median"],
+                "cpu_s_q1": [c["q1"] for c in cpu],
+                "cpu_s_q3": [c["q3"] for c in cpu],
+                "wall_s_q1": wall["q1"],
+                "wall_s_q3": wall["q3"],
             }
             results[str(p)][layout] = entry
             print(
                 f"P = {p} {layout:>10}: wall {entry['wall_s']:6.2f} s; per rank "
                 + "  ".join(f"[{m:6.1f} MiB {c:5.2f} s cpu]" for m, c in zip(entry["peak_mib"], entry["cpu_s"], strict=True))
             )
-    path = save_results(
-        "ring",
+    finish(
+        run,
         {
-            "stamp": stamp(1),
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "load_average": None,  # filled by finish: [before, after]
             "config": {
-                "n": N,
+                "n": int(os.environ.get("RING_BENCH_N", N)),
                 "batch": 1,
                 "heads": HEADS,
                 "d": DIM,
@@ -131,15 +149,17 @@ def main() -> None:
                 "block_size": BLOCK,
                 "is_causal": True,
                 "backend": "gloo, local CPU processes, 1 thread each",
-                "launches_per_p": LAUNCHES,
+                "launches_per_p": launches,
                 "timed_steps_per_launch": TIMED_STEPS,
-                "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+                "omp_wait_policy": OMP_WAIT_POLICY,
             },
             "world_sizes": WORLD_SIZES,
             "results": results,
         },
+        threads=1,
+        repeat=launches * TIMED_STEPS,
+        own_load=max(WORLD_SIZES),  # up to four busy ranks of its own
     )
-    print(f"saved {path}")
 
 
 if __name__ == "__main__":

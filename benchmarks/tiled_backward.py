@@ -1,4 +1,4 @@
-"""Training memory of exact attention: forward + backward, three ways (chapter 14).
+"""Training memory and time of exact attention: forward + backward, five ways (chapter 14).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, blocks of 256 keys:
 
@@ -7,38 +7,73 @@ Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, blocks of 256 keys:
 * ``tiled_autograd``: the tiled forward recurrence of chapter 13 written with ordinary
   tensor operations, so autograd differentiates through it and keeps every tile;
 * ``tiled``: ``attention.tiled_attention``, whose backward recomputes each tile from the
-  saved log-sum-exp and keeps only q, k, v, the output and the log-sum-exp.
+  saved log-sum-exp (FlashAttention-2) and keeps only q, k, v, the output and the
+  log-sum-exp;
+* ``stored_p``: the same tiled forward and backward, except that the forward keeps every
+  tile of the weights P (``(h, N, N)`` in all) and the backward reads them instead of
+  recomputing ``Q K^T`` and the exponential: what recomputation saves in memory and costs
+  in time;
+* ``sdpa``: PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention`` forward
+  and backward (its flash CPU kernel, which also recomputes): the strongest baseline.
 
 Each call is the forward pass and ``torch.autograd.grad`` of a weighted sum of the output
 with respect to q, k and v. Peak memory (extra resident memory of one call) is measured
-in a fresh subprocess per contender and length (``_common.peak_memory_mib``); times are
-medians of round-robin runs, one thread, on a shared machine: read them as rough ratios.
-Saves ``src/attention/benchmark_results/tiled_backward.json``.
+in a fresh subprocess per contender and length (``_common.peak_memory_mib``); times under
+the protocol of ``_common`` (one thread, passive OpenMP waiting, interleaved, >= 7
+repeats after warm-up, median and quartiles).
 
-Run: ``.venv/bin/python benchmarks/tiled_backward.py`` (a few minutes).
+The cost of recomputation is measured apart, with more repeats (``RECOMPUTE_REPEAT``) at
+``RECOMPUTE_N``: ``tiled`` against ``stored_p``, forward + backward and backward alone (the
+backward of one graph built outside the timed call, run with ``retain_graph``).
+
+Keys: ``n``, ``peak_mib`` ``{naive, tiled_autograd, tiled}``, ``timed_n``, ``time_s``,
+``memory_ratio_8192``, ``load_average``, ``config``, as before; ``peak_mib``, ``time_s`` and
+``memory_ratio_8192`` now also hold ``stored_p`` and ``sdpa``. Added: ``time_s_q1``,
+``time_s_q3`` (interquartile range, the layout of ``time_s``); ``recompute``: ``n``,
+``repeat``, ``forward_backward`` and ``backward`` (each ``{tiled, stored_p}`` ->
+``{median, q1, q3}`` in seconds), ``cost_forward_backward`` and ``cost_backward``
+(tiled / stored_p medians - 1: the fraction recomputation adds), ``*_separated`` (the two
+interquartile ranges do not overlap); ``stamp`` and ``quiet`` (see ``_common``).
+
+Run: ``.venv/bin/python benchmarks/tiled_backward.py`` (about two and a half minutes on a
+quiet machine, most of it the memory probes at N = 8192: the naive form's call alone takes
+about 12 s of CPU there).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-# Passive OpenMP waiting, as in the other benchmarks (see benchmarks/tiled.py).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+
+OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved_times, peak_memory_mib, save_results, stamp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from _common import (  # noqa: E402
+    MEMORY_THREADS,
+    MIN_REPEAT,
+    THREADS,
+    begin,
+    finish,
+    interleaved_samples,
+    peak_memory_mib,
+    quartiles,
+    separated,
+    spread,
+)
+from torch.autograd.function import once_differentiable  # noqa: E402
 
 from attention import scaled_dot_product_attention, tiled_attention  # noqa: E402
 
-THREADS = 1
 HEADS, DIM, BLOCK = 4, 64, 256
 SIZES = [512, 1024, 2048, 4096, 8192]
-TIMED_SIZES = [512, 1024, 2048, 4096]  # the naive form at 8192 takes tens of seconds a call
-CONTENDERS = ["naive", "tiled_autograd", "tiled"]
+TIMED_SIZES = [512, 1024, 2048]  # the naive form at 4096 takes seconds a call
+CONTENDERS = ["naive", "tiled_autograd", "tiled", "stored_p", "sdpa"]
+RECOMPUTE_N, RECOMPUTE_REPEAT = 2048, 21
+QUICK = {"sizes": [256, 512], "timed": [256, 512], "recompute_n": 512, "recompute_repeat": 5}
 
 
 def tiled_autograd(q, k, v, block_size=BLOCK):
@@ -59,18 +94,81 @@ def tiled_autograd(q, k, v, block_size=BLOCK):
     return acc / l
 
 
+class _StoredP(torch.autograd.Function):
+    """Tiled attention (non-causal, no mask) whose backward reads the stored weights P.
+
+    The forward is the online-softmax recurrence of ``attention.tiled``; it keeps each
+    exponentiated tile ``exp(S_j - m_j)`` and its running max ``m_j``, and at the end
+    rescales them in place to ``P_j = exp(S_j - lse)`` (one multiply by a per-row factor:
+    no second pass of exponentials). The backward is ``attention.tiled``'s, minus the
+    recomputation of ``S_j = Q K_j^T s`` and ``exp``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size):
+        scale = q.shape[-1] ** -0.5
+        n = k.shape[-2]
+        m = torch.full((*q.shape[:-1], 1), float("-inf"))
+        l = torch.zeros((*q.shape[:-1], 1))  # noqa: E741
+        acc = torch.zeros((*q.shape[:-1], v.shape[-1]))
+        tiles, maxima = [], []
+        for j0 in range(0, n, block_size):
+            s = (q @ k[..., j0 : j0 + block_size, :].transpose(-2, -1)).mul_(scale)  # (b, h, N, blk)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = s.sub_(m_new).exp_()  # in place, as attention.tiled does
+            l = l * alpha + p.sum(dim=-1, keepdim=True)  # noqa: E741
+            acc = acc * alpha + p @ v[..., j0 : j0 + block_size, :]
+            m = m_new
+            tiles.append(p)
+            maxima.append(m_new)
+        lse = m + torch.log(l)  # (b, h, N, 1)
+        for p, mj in zip(tiles, maxima, strict=True):
+            p.mul_(torch.exp(mj - lse))  # P_j = exp(S_j - lse)
+        out = acc / l
+        ctx.save_for_backward(q, k, v, out, *tiles)
+        ctx.block_size = block_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, *tiles = ctx.saved_tensors
+        scale, blk = q.shape[-1] ** -0.5, ctx.block_size
+        delta = (dout * out).sum(dim=-1, keepdim=True)  # (b, h, N, 1)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for t, p in enumerate(tiles):
+            j0, j1 = t * blk, min((t + 1) * blk, k.shape[-2])
+            dv[..., j0:j1, :] = p.transpose(-2, -1) @ dout
+            ds = (dout @ v[..., j0:j1, :].transpose(-2, -1)).sub_(delta).mul_(p)  # dS = P (dP - D)
+            dq += (ds @ k[..., j0:j1, :]) * scale
+            dk[..., j0:j1, :] = (ds.transpose(-2, -1) @ q) * scale
+        return dq, dk, dv, None
+
+
+def stored_p(q, k, v):
+    return _StoredP.apply(q, k, v, BLOCK)
+
+
 FUNCTIONS = {
     "naive": scaled_dot_product_attention,
     "tiled_autograd": tiled_autograd,
     "tiled": lambda q, k, v: tiled_attention(q, k, v, block_size=BLOCK),
+    "stored_p": stored_p,
+    "sdpa": F.scaled_dot_product_attention,
 }
+
+
+def _inputs(n: int):
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(1, HEADS, n, DIM, generator=g).requires_grad_() for _ in range(3))
+    weight = torch.randn(1, HEADS, n, DIM, generator=g)
+    return q, k, v, weight
 
 
 def _prepared(name: str, n: int):
     """A zero-argument call: forward and backward of one contender on inputs of length n."""
-    g = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(1, HEADS, n, DIM, generator=g).requires_grad_() for _ in range(3))
-    weight = torch.randn(1, HEADS, n, DIM, generator=g)
+    q, k, v, weight = _inputs(n)
     fn = FUNCTIONS[name]
 
     def run():
@@ -78,6 +176,19 @@ def _prepared(name: str, n: int):
         with torch.inference_mode(False), torch.enable_grad():
             out = fn(q, k, v)
             return torch.autograd.grad((out * weight).sum(), (q, k, v))
+
+    return run
+
+
+def _backward_only(name: str, n: int):
+    """A zero-argument call: the backward alone, of one graph built here (retain_graph)."""
+    q, k, v, weight = _inputs(n)
+    with torch.inference_mode(False), torch.enable_grad():
+        loss = (FUNCTIONS[name](q, k, v) * weight).sum()
+
+    def run():
+        with torch.inference_mode(False), torch.enable_grad():
+            return torch.autograd.grad(loss, (q, k, v), retain_graph=True)
 
     return run
 
@@ -94,51 +205,93 @@ def make_tiled(n: int):
     return _prepared("tiled", n)
 
 
+def make_stored_p(n: int):
+    return _prepared("stored_p", n)
+
+
+def make_sdpa(n: int):
+    return _prepared("sdpa", n)
+
+
+def _check(n: int = 256) -> None:
+    """Every contender's gradients agree with the naive form's before anything is timed."""
+    ref = _prepared("naive", n)()
+    for name in CONTENDERS[1:]:
+        got = _prepared(name, n)()
+        diff = max(float((a - b).abs().max()) for a, b in zip(got, ref, strict=True))
+        assert diff < 1e-4, f"{name}: gradients differ from the naive form's by {diff}"
+
+
 def main() -> None:
+    run = begin("tiled_backward")
+    q = QUICK if run.quick else {"sizes": SIZES, "timed": TIMED_SIZES, "recompute_n": RECOMPUTE_N,
+                                 "recompute_repeat": RECOMPUTE_REPEAT}
+    repeat = 3 if run.quick else MIN_REPEAT
+    sizes, timed = q["sizes"], q["timed"]
     torch.set_num_threads(THREADS)
-    load_before = os.getloadavg()[0]
-    # Memory first: a probe inherits this parent's peak through exec, so measure before
-    # any large tensor exists here.
+    # Memory first: a probe is measured before any large tensor exists in this parent.
     peak = {}
     for name in CONTENDERS:
         peak[name] = []
-        for n in SIZES:
+        for n in sizes:
             peak[name].append(peak_memory_mib(f"tiled_backward:make_{name}", n=n))
             print(f"{name:>15} N = {n:>5}: {peak[name][-1]:9.1f} MiB", flush=True)
-    times = {name: [] for name in CONTENDERS}
-    for n in TIMED_SIZES:
-        t = interleaved_times({name: _prepared(name, n) for name in CONTENDERS}, warmup=1,
-                              repeat=5 if n <= 2048 else 3)  # fmt: skip
+    _check()
+    stats = {name: [] for name in CONTENDERS}
+    for n in timed:
+        samples = interleaved_samples({name: _prepared(name, n) for name in CONTENDERS}, warmup=1, repeat=repeat)
         for name in CONTENDERS:
-            times[name].append(t[name])
-        print(f"N = {n:>5}: " + "  ".join(f"{name} {1e3 * t[name]:8.1f} ms" for name in CONTENDERS), flush=True)
-    i = SIZES.index(8192)
+            stats[name].append(quartiles(samples[name]))
+        print(f"N = {n:>5}: " + "  ".join(f"{name} {1e3 * stats[name][-1]['median']:8.1f} ms"
+                                          for name in CONTENDERS), flush=True)
+    times, q1, q3 = {}, {}, {}
+    for name in CONTENDERS:
+        times[name], q1[name], q3[name] = spread(stats[name])
+
+    # The cost of recomputation, resolved with more repeats.
+    rn, rr = q["recompute_n"], q["recompute_repeat"]
+    pair = ("tiled", "stored_p")
+    fb = interleaved_samples({name: _prepared(name, rn) for name in pair}, warmup=2, repeat=rr)
+    bw = interleaved_samples({name: _backward_only(name, rn) for name in pair}, warmup=2, repeat=rr)
+    fb, bw = ({k: quartiles(v) for k, v in d.items()} for d in (fb, bw))
+    recompute = {
+        "n": rn, "repeat": rr, "forward_backward": fb, "backward": bw,
+        "cost_forward_backward": fb["tiled"]["median"] / fb["stored_p"]["median"] - 1,
+        "cost_forward_backward_separated": separated(fb["tiled"], fb["stored_p"]),
+        "cost_backward": bw["tiled"]["median"] / bw["stored_p"]["median"] - 1,
+        "cost_backward_separated": separated(bw["tiled"], bw["stored_p"]),
+    }
+    print(f"N = {rn}, {rr} repeats: recomputation adds {100 * recompute['cost_forward_backward']:.1f} % "
+          f"to forward + backward (resolved: {recompute['cost_forward_backward_separated']}) and "
+          f"{100 * recompute['cost_backward']:.1f} % to the backward (resolved: "
+          f"{recompute['cost_backward_separated']})")
+    i = len(sizes) - 1
     ratio = peak["tiled"][i] / peak["naive"][i]
-    print(f"N = 8192: the recomputing backward's peak is {ratio:.4f} of naive autograd's (1/{1 / ratio:.0f})")
-    path = save_results(
-        "tiled_backward",
-        {
-            "stamp": stamp(THREADS),
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "config": {
-                "batch": 1,
-                "heads": HEADS,
-                "d": DIM,
-                "dtype": "float32",
-                "block_size": BLOCK,
-                "is_causal": False,
-                "memory_threads": 1,
-                "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-                "call": "forward + autograd.grad with respect to q, k, v",
-            },
-            "n": SIZES,
-            "peak_mib": peak,
-            "timed_n": TIMED_SIZES,
-            "time_s": times,
-            "memory_ratio_8192": {name: peak[name][i] / peak["naive"][i] for name in CONTENDERS},
+    print(f"N = {sizes[i]}: the recomputing backward's peak is {ratio:.4f} of naive autograd's (1/{1 / ratio:.0f})")
+    finish(run, {
+        "load_average": None,  # filled by finish: [before, after]
+        "config": {
+            "batch": 1,
+            "heads": HEADS,
+            "d": DIM,
+            "dtype": "float32",
+            "block_size": BLOCK,
+            "is_causal": False,
+            "threads": THREADS,
+            "memory_threads": MEMORY_THREADS,
+            "omp_wait_policy": OMP_WAIT_POLICY,
+            "call": "forward + autograd.grad with respect to q, k, v",
+            "repeat": repeat,
         },
-    )
-    print(f"saved {path}")
+        "n": sizes,
+        "peak_mib": peak,
+        "timed_n": timed,
+        "time_s": times,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
+        "memory_ratio_8192": {name: peak[name][i] / peak["naive"][i] for name in CONTENDERS},
+        "recompute": recompute,
+    }, repeat=repeat)
 
 
 if __name__ == "__main__":

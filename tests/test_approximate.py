@@ -284,3 +284,63 @@ def test_linformer_grouped_query_attention_and_empty_keys():
     out = lin(q, z, z, torch.zeros(4, 0, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64),
               enable_gqa=True)
     assert out.shape == (1, 4, 5, 3) and (out == 0).all()
+
+
+def naive_lsh_sets(x, num_buckets, num_hashes, chunk_size, seed, is_causal):
+    """Each round's key set P_i^(r) by the docstring's steps 4-5, one query at a time."""
+    n = x.shape[0]
+    rounds = lsh_buckets(x, num_buckets, num_hashes, generator=torch.Generator().manual_seed(seed))
+    sets = []
+    for b in rounds:
+        order = sorted(range(n), key=lambda p: (int(b[p]), p))
+        slot = {p: s for s, p in enumerate(order)}
+        m = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            seen = [j for j in range(n) if slot[j] // chunk_size in (slot[i] // chunk_size - 1, slot[i] // chunk_size)
+                    and b[j] == b[i] and (not is_causal or j <= i)]
+            for j in [j for j in seen if j != i] or [i]:
+                m[i, j] = True
+        sets.append(m)
+    return torch.stack(sets)  # (r, n, n)
+
+
+@pytest.mark.parametrize("n, num_buckets, num_hashes, chunk_size", [(37, 4, 3, 5), (50, 8, 2, 7), (24, 2, 4, 4)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_lsh_rounds_deduplicated_equal_attention_over_the_union(n, num_buckets, num_hashes, chunk_size, is_causal):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    sets = naive_lsh_sets(x, num_buckets, num_hashes, chunk_size, 4, is_causal)
+    assert (sets.sum(0) > 1).any()  # some key is found in two rounds: the case that matters
+    out = lsh_attention(x, x, v, num_buckets=num_buckets, num_hashes=num_hashes, chunk_size=chunk_size,
+                        is_causal=is_causal, generator=torch.Generator().manual_seed(4))
+    union = scaled_dot_product_attention(x, x, v, attn_mask=sets.any(0))
+    torch.testing.assert_close(out, union)
+    # without the correction, a key found in N rounds weighs N times: sum over rounds of
+    # the masked exponentials, one query at a time
+    doubled = lsh_attention(x, x, v, num_buckets=num_buckets, num_hashes=num_hashes, chunk_size=chunk_size,
+                            is_causal=is_causal, generator=torch.Generator().manual_seed(4), deduplicate=False)
+    w = torch.exp(x @ x.T / 6**0.5) * sets.sum(0)  # (n, n): each key weighted by its count
+    torch.testing.assert_close(doubled, (w / w.sum(-1, keepdim=True)) @ v)
+    assert not torch.allclose(doubled, union)
+
+
+def test_lsh_deduplicate_must_be_bool():
+    x, v = torch.randn(5, 4), torch.randn(5, 2)
+    with pytest.raises(TypeError, match="deduplicate must be a bool"):
+        lsh_attention(x, x, v, num_buckets=2, num_hashes=2, chunk_size=2, deduplicate=1)
+
+
+def test_linformer_cannot_be_causal():
+    q = torch.randn(4, 2)
+    eye = torch.eye(4)
+    with pytest.raises(ValueError, match="linformer_attention cannot apply attn_mask or is_causal"):
+        linformer_attention(q, q, q, is_causal=True, key_projection=eye, value_projection=eye)
+
+
+def test_linformer_is_exact_for_a_permutation():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    P = torch.eye(9, dtype=torch.float64)[torch.randperm(9, generator=g)]
+    torch.testing.assert_close(linformer_attention(q, k, v, key_projection=P, value_projection=P),
+                               scaled_dot_product_attention(q, k, v))

@@ -89,3 +89,50 @@ def test_python_floats_are_compared_in_float64():
     report_close("exp", _m.exp(2.0), 7.38905609893065, atol=1e-13)  # float32 would miss by 2e-7
     with pytest.raises(AssertionError):
         report_close("exp", _m.exp(2.0), 7.389056, atol=1e-9)
+
+
+# ---------------------------------------------------------------- benchmark_machine
+
+
+def test_benchmark_machine_names_every_field_of_a_protocol_stamp():
+    from attention import benchmark_machine
+
+    result = {
+        "stamp": {"cpu": "Test CPU", "cores": 2, "threads": 1, "memory_threads": 1,
+                  "omp_wait_policy": "passive", "torch": "9.9", "date": "2030-01-02",
+                  "datetime": "2030-01-02T03:04Z", "load_1min_before": 0.25, "load_1min_after": 3.5},
+        "quiet": False,
+    }
+    assert benchmark_machine(result) == (
+        "Test CPU, 2 cores, 1 thread (memory: 1), OpenMP passive, torch 9.9, "
+        "2030-01-02 03:04 UTC, load 0.25 -> 3.50 (NOT quiet)")
+
+
+def test_benchmark_machine_reads_older_stamps():
+    from attention import benchmark_machine
+
+    old = {"stamp": {"cpu": "Old", "cores": 4, "threads": 2, "torch": "1.0", "date": "2020-01-01"},
+           "load_average": [1.0, 2.0, 3.0], "config": {"omp_wait_policy": "PASSIVE"}}
+    assert benchmark_machine(old) == "Old, 4 cores, 2 threads, OpenMP passive, torch 1.0, 2020-01-01, load 1.00 -> ? (quiet)"
+    bare = {"stamp": {"cpu": "Bare", "cores": 2, "threads": 1, "torch": "1.0", "date": "2020-01-01"}}
+    assert benchmark_machine(bare).endswith("load not recorded")
+
+
+def test_benchmark_machine_on_every_shipped_result():
+    from attention import benchmark_machine, load_benchmark
+    from attention.notebook import resources
+
+    folder = resources.files("attention") / "benchmark_results"
+    for name in sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json")):
+        line = benchmark_machine(name)
+        assert str(load_benchmark(name)["stamp"]["cpu"]) in line and "cores" in line
+
+
+@pytest.mark.parametrize(("arg", "exc", "match"), [
+    (3, TypeError, "benchmark name"), ({"no": "stamp"}, ValueError, "stamp"), ("nope", ValueError, "no saved"),
+])
+def test_benchmark_machine_refuses(arg, exc, match):
+    from attention import benchmark_machine
+
+    with pytest.raises(exc, match=match):
+        benchmark_machine(arg)

@@ -56,17 +56,37 @@ def test_global_tokens_mask_matches_loop(n, window, global_idx):
     assert torch.equal(global_tokens_mask(n, window, global_idx), expected)
 
 
-@pytest.mark.parametrize("n, window, num_global, num_random", [(1, 0, 0, 1), (16, 1, 2, 3), (33, 2, 1, 0), (20, 0, 0, 20)])
-def test_bigbird_mask_is_window_global_plus_random_keys(n, window, num_global, num_random):
-    m = bigbird_mask(n, window, num_global, num_random, seed=7)
-    base = loop_mask(n, lambda i, j: abs(i - j) <= window or i < num_global or j < num_global)
+def naive_bigbird(n, window, num_global, num_random, block_size, seed):
+    """BigBird's recipe block by block: window + global blocks, then random blocks drawn
+    (the num_random smallest of independent uniforms) among the blocks left over."""
+    nb = -(-n // block_size)
+    u = torch.rand(nb, nb, generator=torch.Generator().manual_seed(seed))
+    layout = torch.zeros(nb, nb, dtype=torch.bool)
+    for r in range(nb):
+        base = [c for c in range(nb) if abs(r - c) <= window or r < num_global or c < num_global]
+        free = sorted((c for c in range(nb) if c not in base), key=lambda c: float(u[r, c]))
+        for c in base + free[:num_random]:
+            layout[r, c] = True
+    return loop_mask(n, lambda i, j: bool(layout[i // block_size, j // block_size]))
+
+
+@pytest.mark.parametrize("n, window, num_global, num_random, block_size",
+                         [(1, 0, 0, 1, 1), (16, 1, 2, 3, 1), (33, 2, 1, 0, 1), (20, 0, 0, 20, 1),
+                          (37, 1, 1, 2, 4), (64, 1, 2, 3, 8), (10, 0, 0, 1, 3)])
+def test_bigbird_mask_is_window_global_plus_random_blocks(n, window, num_global, num_random, block_size):
+    m = bigbird_mask(n, window, num_global, num_random, block_size=block_size, seed=7)
+    assert torch.equal(m, naive_bigbird(n, window, num_global, num_random, block_size, 7))
+    base = naive_bigbird(n, window, num_global, 0, block_size, 7)
     assert torch.equal(m & base, base)  # contains window + global
-    # the random part: exactly num_random distinct keys per row, drawn again here by the
-    # same recipe (the indices of the smallest of n uniforms) from the same seed
-    u = torch.rand(n, n, generator=torch.Generator().manual_seed(7))
-    rand = loop_mask(n, lambda i, j: bool((u[i] < u[i, j]).sum() < num_random))
-    assert int(rand.sum()) == n * num_random
-    assert torch.equal(m, base | rand)
+
+
+def test_bigbird_random_keys_are_new_keys():
+    # the random keys never repeat a window or global key: every row that is not global and
+    # whose window lies inside the sequence keeps exactly (2w + 1 + g + r) keys
+    n, w, g, r = 64, 2, 1, 3
+    m = bigbird_mask(n, w, g, r, seed=0)
+    rows = m[g + w:n - w].sum(-1)  # rows whose window is whole and outside the global block
+    assert (rows == 2 * w + 1 + g + r).all()
 
 
 def test_bigbird_mask_is_seeded():
@@ -124,9 +144,13 @@ def test_global_index_out_of_range_is_rejected():
 
 
 def test_bigbird_counts_are_checked():
-    with pytest.raises(ValueError, match="num_random must be <= n=4, got 5"):
+    with pytest.raises(ValueError, match=r"num_random must be <= ceil\(n / block_size\)=4, got 5"):
         bigbird_mask(4, 1, 0, 5, seed=0)
-    with pytest.raises(ValueError, match="num_global must be <= n=4, got 5"):
+    with pytest.raises(ValueError, match=r"num_random must be <= ceil\(n / block_size\)=2, got 3"):
+        bigbird_mask(4, 1, 0, 3, block_size=2, seed=0)
+    with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
+        bigbird_mask(4, 1, 0, 1, block_size=0, seed=0)
+    with pytest.raises(ValueError, match=r"num_global must be <= ceil\(n / block_size\)=4, got 5"):
         bigbird_mask(4, 1, 5, 0, seed=0)
     with pytest.raises(ValueError, match="either generator or seed"):
         bigbird_mask(4, 1, 0, 1, seed=0, generator=torch.Generator())

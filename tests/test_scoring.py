@@ -65,12 +65,24 @@ def test_general_matches_einsum(bias, activation):
     q, k = qk(d_q=3, d_k=5)
     score = GeneralScore(3, 5, bias=bias, activation=activation).to(D64)
     pre = torch.einsum("bjk,kq,biq->bij", k, score.weight, q)
-    if bias:
+    if bias and activation is None:  # biased general: k^T (W q + b), b a vector
         pre = pre + torch.einsum("bjk,k->bj", k, score.bias)[:, None, :]  # k^T b
+    elif bias:  # activated general: act(k^T W q + b), b a scalar
+        assert score.bias.shape == ()
+        pre = pre + score.bias
     expected = ACTS[activation or "identity"](pre)
     torch.testing.assert_close(score(q, k), expected)
     torch.testing.assert_close(
         general_scores(q, k, score.weight, score.bias, activation), expected)
+
+
+def test_activated_general_adds_a_scalar_inside_the_activation():
+    q, k = qk(d_q=3, d_k=5)
+    w, b = torch.randn(5, 3, dtype=D64), torch.tensor(0.7, dtype=D64)
+    expected = torch.tanh(torch.einsum("bjk,kq,biq->bij", k, w, q) + 0.7)
+    torch.testing.assert_close(general_scores(q, k, w, b, "tanh"), expected)
+    with pytest.raises(TypeError, match="query must have the dtype of bias"):
+        general_scores(q, k, w, b.float(), "tanh")
 
 
 def test_general_with_identity_weight_is_dot():
@@ -108,6 +120,8 @@ def test_parameter_names_and_shapes():
     g = GeneralScore(3, 5, bias=True)
     assert {n: tuple(p.shape) for n, p in g.named_parameters()} == {"weight": (5, 3), "bias": (5,)}
     assert [n for n, _ in GeneralScore(3, 5).named_parameters()] == ["weight"]
+    activated = GeneralScore(3, 5, bias=True, activation="tanh")
+    assert {n: tuple(p.shape) for n, p in activated.named_parameters()} == {"weight": (5, 3), "bias": ()}
     a = AdditiveScore(3, 5, 8)
     assert {n: tuple(p.shape) for n, p in a.named_parameters()} == {
         "w_query": (8, 3), "w_key": (8, 5), "bias": (8,), "v": (8,)}
@@ -207,7 +221,7 @@ def test_bad_sizes_in_constructor():
         (lambda: get_activation(3), TypeError, "activation must be one of .* got int"),
         (lambda: GeneralScore(3, 3, bias="no"), TypeError, "bias must be a bool"),
         (lambda: general_scores(torch.randn(2, 3), torch.randn(2, 3), torch.eye(3), torch.zeros(2)),
-         ValueError, r"bias must have shape \(d_k,\) = \(3,\), got \(2,\)"),
+         ValueError, r"bias must have shape \(d_k,\) \(or a 0-d scalar\) = \(3,\), got \(2,\)"),
         (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3), torch.randn(2, 4, 3), torch.randn(2, 4, 2, dtype=D64)),
          TypeError, "value must have the dtype of query"),
         (lambda: AdditiveAttention(3, 3)(torch.randn(2, 3), torch.randn(2, 4, 3),

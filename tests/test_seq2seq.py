@@ -11,6 +11,7 @@ from attention.seq2seq import (
     TinySeq2Seq,
     encoder_decoder_masks,
     greedy_decode,
+    lookup_batch,
     reversal_batch,
     train_seq2seq,
 )
@@ -161,3 +162,35 @@ def test_train_errors():
         train_seq2seq(model, 1, length=7)
     with pytest.raises(ValueError, match="steps must be >= 0"):
         train_seq2seq(model, -1)
+
+
+def test_lookup_batch_matches_a_loop():
+    g = torch.Generator().manual_seed(5)
+    src, tgt_in, tgt_out = lookup_batch(16, 4, 6, generator=g)
+    assert src.shape == (16, 8) and tgt_out.shape == tgt_in.shape == (16, 4)
+    for row in range(16):
+        pairs = dict(zip(src[row, 0::2].tolist(), src[row, 1::2].tolist()))
+        assert sorted(pairs) == [2, 3, 4, 5]  # every key once
+        assert tgt_out[row].tolist() == [pairs[2 + t] for t in range(4)]
+        assert all(6 <= v < 12 for v in pairs.values())
+    assert (tgt_in[:, 0] == 1).all() and torch.equal(tgt_in[:, 1:], tgt_out[:, :-1])
+
+
+def test_lookup_batch_bad_arguments():
+    with pytest.raises(ValueError, match="num_pairs must be >= 1, got 0"):
+        lookup_batch(2, 0, 5)
+    with pytest.raises(TypeError, match="num_values must be an int"):
+        lookup_batch(2, 3, 5.0)
+
+
+def test_lookup_training_and_errors():
+    torch.manual_seed(0)
+    model = TinySeq2Seq(vocab_size=2 + 3 + 5, max_len=6, d_model=16)
+    losses = train_seq2seq(model, 30, batch_size=16, lr=3e-3, seed=0, task="lookup")
+    assert len(losses) == 30 and losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="task must be 'reversal' or 'lookup'"):
+        train_seq2seq(model, 1, task="sorting")
+    with pytest.raises(ValueError, match=r"length must be <= 3 \(model.max_len=6 source positions\), got 4"):
+        train_seq2seq(model, 1, task="lookup", length=4)
+    with pytest.raises(ValueError, match="the lookup task needs a vocabulary of more than"):
+        train_seq2seq(TinySeq2Seq(vocab_size=5, max_len=6, d_model=8), 1, task="lookup")

@@ -112,6 +112,7 @@ def lsh_attention(
     scale: float | None = None, enable_gqa: bool = False,
     num_buckets: int, num_hashes: int = 1, chunk_size: int,
     generator: torch.Generator | None = None, normalize_keys: bool = False,
+    deduplicate: bool = True,
 ) -> Tensor:
     r"""Reformer's LSH attention with shared queries and keys {cite}`kitaev2020reformer`.
 
@@ -138,8 +139,13 @@ def lsh_attention(
 
     With several rounds the outputs are combined by the share of the softmax mass each
     round found, :math:`o_i = \sum_r \frac{e^{L_{ri}}}{\sum_{r'} e^{L_{r'i}}} o_{ri}` with
-    :math:`L_{ri}` the log-sum-exp of query ``i``'s scores in round ``r``. (A key found
-    in two rounds is counted twice; the Reformer paper optionally corrects for that.)
+    :math:`L_{ri}` the log-sum-exp of query ``i``'s scores in round ``r``. A key found in
+    :math:`N_{ij}` rounds would then count :math:`N_{ij}` times. With ``deduplicate`` (the
+    default) each round's score of such a key is lowered by :math:`\log N_{ij}`, as in the
+    Reformer paper, so that every key counts once and the result is exactly attention over
+    the **union** of the rounds' key sets :math:`P_i = \bigcup_r P_i^{(r)}` (steps 4-5 in
+    each round). :math:`N_{ij}` is found by looking each key of a query's chunks up in every
+    round: :math:`O(n C r^2)` extra work.
 
     With ``num_buckets=1`` and ``chunk_size >= n`` every query sees every key, so the
     result is full shared-QK attention with the self position masked (step 5):
@@ -160,6 +166,8 @@ def lsh_attention(
         chunk_size: ``C >= 1`` (a chunk longer than the sequence is cut to it).
         generator: a CPU generator, source of the random rotations (see :func:`lsh_buckets`).
         normalize_keys: use unit-length keys (Reformer); default False, plain shared QK.
+        deduplicate: count a key found in several rounds once (subtract the log of its
+            count from its score); False counts it once per round.
 
     Returns:
         ``(..., h, n, e)``.
@@ -186,6 +194,7 @@ def lsh_attention(
     num_hashes = check_size("num_hashes", num_hashes)
     C = check_size("chunk_size", chunk_size)
     check_bool("normalize_keys", normalize_keys)
+    check_bool("deduplicate", deduplicate)
     check_generator(generator, torch.device("cpu"))
     if query.shape[-2] != value.shape[-2]:
         raise ValueError(
@@ -238,6 +247,11 @@ def lsh_attention(
     mask = mask | ~mask.any(dim=-1, keepdim=True)  # padding queries: anything finite, dropped below
 
     scores = (q_c @ k_c.transpose(-1, -2)) * scale  # (..., r, c, C, 2C)
+    if deduplicate and num_hashes > 1:
+        undo = order.argsort(dim=-1)  # (..., r, n): sorted slot of each position
+        alone = ~others.any(dim=-1).flatten(-2, -1)[..., :n].gather(-1, undo)  # (..., r, n)
+        count = _rounds_containing(buckets, undo // C, alone, pos_q, pos_k, is_causal, batch)
+        scores = scores - torch.log(count.clamp(min=1).to(scores.dtype))
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (..., r, c, C)
     out = _matmul_skipping(torch.exp(scores - lse.unsqueeze(-1)), v_c, ~mask)  # (..., r, c, C, e)
@@ -249,6 +263,31 @@ def lsh_attention(
     lse = lse.gather(-1, undo)  # (..., r, n)
     share = torch.softmax(lse, dim=-2)  # (..., r, n): each round's share of the mass
     return (share.unsqueeze(-1) * out).sum(dim=-3)  # (..., n, e)
+
+
+def _rounds_containing(buckets: Tensor, chunk: Tensor, alone: Tensor, pos_q: Tensor,
+                       pos_k: Tensor, is_causal: bool, batch) -> Tensor:
+    """:math:`N_{ij}`: in how many rounds key ``j`` is in query ``i``'s set (steps 4-5).
+
+    ``buckets``, ``chunk`` (sorted slot // C) and ``alone`` (no key but itself) are
+    ``(..., r, n)`` per position; ``pos_q`` ``(..., r, c, C, 1)`` and ``pos_k``
+    ``(..., r, c, 1, 2C)`` the positions of each round's query/key slots (-1 = padding).
+    Returns ``(..., r, c, C, 2C)``; meaningless at padding, which the caller masks.
+    """
+    def at(t: Tensor, idx: Tensor) -> Tensor:  # per-position (..., r', n) at idx -> idx.shape + (r',)
+        per_pos = t.transpose(-1, -2)  # (..., n, r')
+        flat = idx.clamp(min=0).reshape(*batch, -1)  # (..., M)
+        got = per_pos.gather(-2, flat.unsqueeze(-1).expand(*flat.shape, per_pos.shape[-1]))
+        return got.reshape(*idx.shape, per_pos.shape[-1])
+
+    same_bucket = at(buckets, pos_q) == at(buckets, pos_k)  # (..., r, c, C, 2C, r')
+    back = at(chunk, pos_q) - at(chunk, pos_k)  # the key's chunk: own (0) or previous (1)
+    member = same_bucket & ((back == 0) | (back == 1))
+    if is_causal:
+        member = member & (pos_k <= pos_q).unsqueeze(-1)
+    is_self = (pos_k == pos_q).unsqueeze(-1)  # the query's own position: only when alone
+    member = torch.where(is_self, at(alone, pos_q), member)
+    return member.sum(dim=-1)  # (..., r, c, C, 2C)
 
 
 def linformer_projection(
@@ -291,9 +330,13 @@ def linformer_attention(
     ``E = key_projection`` and ``F = value_projection`` project the ``n`` key/value
     *positions* down to ``k`` rows, so the scores are ``(i, k)``: time and memory
     :math:`O(n k)` instead of :math:`O(n^2)`. The approximation rests on the attention
-    matrix being close to low rank. With ``k = n`` and ``E = F = I`` it is exactly full
-    attention. (No mask and no causal pattern: a projection mixes all positions, so a
-    causal or padding mask cannot be applied after it; both are refused.)
+    matrix being close to low rank. With ``k = n`` and ``E = F`` the identity or a
+    permutation (which reorders keys and values together without mixing them) it is
+    exactly full attention; any other projection mixes keys inside the softmax and is an
+    approximation. No mask and no causal pattern: each projected row mixes all ``n``
+    positions, future ones included, so a causal or padding mask cannot be applied after
+    it, and the ``(k, n)`` projection fixes the length ``n``, so it cannot grow token by
+    token either; both are refused.
 
     Args:
         query: ``(..., h, i, d)``.

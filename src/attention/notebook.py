@@ -20,7 +20,7 @@ import torch
 from ._checks import check_int
 from .plotting import use_course_style
 
-__all__ = ["setup_notebook", "report_close", "load_benchmark"]
+__all__ = ["setup_notebook", "report_close", "load_benchmark", "benchmark_machine"]
 
 
 def setup_notebook(seed: int = 0, *, precision: int = 4, threads: int = 1) -> None:
@@ -158,3 +158,67 @@ def load_benchmark(name: str) -> dict:
     if name not in available:
         raise ValueError(f"no saved benchmark named {name!r}; available: {', '.join(available)}")
     return json.loads((folder / f"{name}.json").read_text())
+
+
+def _load_readings(result: dict) -> tuple[float | None, float | None]:
+    """The 1-minute load average before and after a run, wherever the result keeps it."""
+    st = result.get("stamp", {})
+    if "load_1min_before" in st or "load_1min_after" in st:
+        return st.get("load_1min_before"), st.get("load_1min_after")
+    load = result.get("load_average")  # older results: [before, after] or os.getloadavg()
+    if isinstance(load, (list, tuple)) and load:
+        return load[0], (load[1] if len(load) == 2 else None)
+    return None, None
+
+
+def benchmark_machine(result) -> str:
+    """One line naming the machine and conditions of a saved benchmark, for a chapter to print.
+
+    Reads the result's ``stamp``: CPU model, cores, threads for time (and for memory when
+    recorded), OpenMP wait policy, torch version, date (and UTC time when recorded) and the
+    1-minute load average before and after the run, with whether it was quiet (load at most
+    the core count). A figure from a benchmark holds for the machine this line names.
+
+    Args:
+        result: a benchmark's name (as for :func:`load_benchmark`) or its loaded result.
+
+    Returns:
+        A line such as ``"AMD EPYC, 2 cores, 1 thread (memory: 1), OpenMP passive, torch
+        2.13.0, 2026-11-25 20:30 UTC, load 0.31 -> 0.52 (quiet)"``.
+
+    Example:
+        >>> from attention import benchmark_machine
+        >>> "cores" in benchmark_machine("tiled")
+        True
+    """
+    if isinstance(result, str):
+        result = load_benchmark(result)
+    if not isinstance(result, dict):
+        raise TypeError(f"result must be a benchmark name or a loaded result, got {type(result).__name__}")
+    st = result.get("stamp")
+    if not isinstance(st, dict):
+        raise ValueError("the result has no 'stamp': it was not saved by a benchmark script")
+    threads = st.get("threads")
+    parts = [str(st.get("cpu", "unknown CPU")), f"{st.get('cores', '?')} cores"]
+    text = f"{threads} thread{'' if threads == 1 else 's'}"
+    if "memory_threads" in st:
+        text += f" (memory: {st['memory_threads']})"
+    parts.append(text)
+    policy = st.get("omp_wait_policy") or result.get("config", {}).get("omp_wait_policy")
+    if policy:
+        parts.append(f"OpenMP {str(policy).lower()}")
+    parts.append(f"torch {st.get('torch', '?')}")
+    when = st.get("datetime")
+    parts.append(when.replace("T", " ").replace("Z", " UTC") if when else str(st.get("date", "undated")))
+    before, after = _load_readings(result)
+    if before is None and after is None:
+        parts.append("load not recorded")
+    else:
+        fmt = lambda x: "?" if x is None else f"{x:.2f}"  # noqa: E731
+        quiet = result.get("quiet", st.get("quiet"))
+        if quiet is None and isinstance(st.get("cores"), int):
+            quiet = all(x is None or x <= st["cores"] for x in (before, after))
+        parts.append(f"load {fmt(before)} -> {fmt(after)}" + ("" if quiet is None else
+                                                                (" (quiet)" if quiet else " (NOT quiet)")))
+    return ", ".join(parts)
+

@@ -9,12 +9,18 @@ Shape legend: ``i`` query positions (rows), ``j`` key positions (columns), ``n``
 sequence length when ``i = j``; a block layout is ``(ceil(i / B), ceil(j / B))`` for a
 block size ``B``.
 
-Window conventions. ``window=w`` (an int) keeps the keys with ``|p - k| <= w``, where ``p``
-is the query's position: ``2w + 1`` keys, ``w`` on each side. ``window=(left, right)``
+Window convention (the one used throughout the book). ``window=w`` (an int) keeps the keys
+with ``|p - k| <= w``, where ``p`` is the query's position: ``w`` keys on each side of the
+query plus the query itself, ``2w + 1`` keys; causal, ``w`` keys before the query plus the
+query, ``w + 1`` keys. ``window=(left, right)``
 keeps ``p - left <= k <= p + right``, ``None`` meaning unbounded on that side; this is
 flash-attn's ``window_size=(left, right)`` (which writes ``-1`` for unbounded). Hugging
 Face's ``sliding_window=w`` counts the query itself: its causal sliding window is
 ``window=(w - 1, 0)`` here, and its bidirectional one (``|p - k| <= w``) is ``window=w``.
+Published window sizes follow different conventions: gpt-oss's reference code masks
+``p - k >= 128``, so its window of 128 keeps 128 keys, ``window=(127, 0)`` here; Mistral
+7B v0.1's reference code keeps ``p - k <= 4096``, ``window=(4096, 0)``, while Hugging
+Face's ``sliding_window=4096`` for the same model keeps 4096 keys, ``window=(4095, 0)``.
 With ``i != j`` the queries are the last ``i`` of the ``j`` positions (bottom-right
 alignment, as in decoding with a cache): query ``a`` sits at position ``p = a + j - i``.
 """
@@ -72,7 +78,9 @@ def sliding_window_mask(
     """Local (sliding-window) mask of shape ``(i, j)``; True = may attend.
 
     Query ``p`` may see key ``k`` iff ``p - left <= k <= p + right``; an int ``window=w``
-    means ``left = right = w``, i.e. ``|p - k| <= w``. ``is_causal`` sets ``right = 0``.
+    means ``left = right = w``, i.e. ``|p - k| <= w``: ``w`` keys on each side plus the
+    query itself, ``2w + 1`` keys. ``is_causal`` sets ``right = 0``: ``w + 1`` keys, the
+    query and the ``w`` before it.
     ``window=0`` keeps only the diagonal. See the module docstring for how this relates to
     flash-attn's ``window_size`` and Hugging Face's ``sliding_window`` (HF's
     ``sliding_window=w`` causal mask is ``window=(w - 1, 0)``).
@@ -200,23 +208,31 @@ def bigbird_mask(
     num_global: int,
     num_random: int,
     *,
+    block_size: int = 1,
     generator: torch.Generator | None = None,
     seed: int | None = None,
     device=None,
 ) -> Tensor:
     """BigBird pattern of shape ``(n, n)``: window + global + random keys; True = may attend.
 
-    The union of three graphs {cite}`zaheer2020bigbird`: the sliding window
-    ``|p - k| <= window``; the first ``num_global`` positions as global tokens (full rows
-    and columns); and, for every query, ``num_random`` keys drawn uniformly without
-    replacement from all ``n`` positions. (The paper draws random *blocks*; this is the
-    element-level version. Apply :func:`block_sparse_mask` to a block layout for that.)
+    The union of three graphs {cite}`zaheer2020bigbird`, built over blocks of
+    ``block_size`` positions (``B``; ``B = 1`` is the element-level pattern): the sliding
+    window of blocks ``|r - c| <= window``; the first ``num_global`` blocks as global
+    blocks (full rows and columns); and, for every other query block, ``num_random`` key
+    blocks drawn uniformly without replacement from the blocks that are **neither in its
+    window nor global**, as BigBird does, so each random draw adds new keys. A row with
+    fewer such blocks left gets all of them. The block layout is expanded with
+    :func:`block_sparse_mask` (the last block may be partial).
+
+    So a query that is not global, with its whole window inside the sequence, keeps
+    exactly ``(2 * window + 1 + num_global + num_random) * B`` keys (for an int window).
 
     Args:
         n: sequence length.
-        window: ``w >= 0`` neighbours on each side, or ``(left, right)``.
-        num_global: number of leading global tokens, in ``[0, n]``.
-        num_random: random keys per query, in ``[0, n]``.
+        window: ``w >= 0`` neighbouring blocks on each side, or ``(left, right)``.
+        num_global: number of leading global blocks, in ``[0, ceil(n / B)]``.
+        num_random: random key blocks per query block, in ``[0, ceil(n / B)]``.
+        block_size: ``B >= 1`` positions per block (BigBird uses 64).
         generator: a CPU ``torch.Generator``, the source of the random keys; or pass
             ``seed`` for a fresh seeded one. With neither, the global torch generator is used.
         seed: integer seed; not together with ``generator``.
@@ -225,13 +241,17 @@ def bigbird_mask(
         ``(n, n)`` boolean tensor; the same ``seed`` gives the same mask.
 
     Example:
-        >>> m = bigbird_mask(6, 1, 1, 2, seed=0)
-        >>> m.sum(dim=-1).tolist()[0], bool(m[:, 0].all())  # the global row and column
-        (6, True)
+        >>> m = bigbird_mask(8, 1, 1, 2, seed=0)
+        >>> m.sum(dim=-1).tolist()  # global row 0; 3 window + 1 global + 2 random otherwise
+        [8, 5, 6, 6, 6, 6, 6, 5]
+        >>> bigbird_mask(8, 0, 1, 1, block_size=2, seed=0).sum(dim=-1).tolist()
+        [8, 8, 6, 6, 6, 6, 6, 6]
     """
     n = check_int("n", n, minimum=0)
-    num_global = _count_at_most("num_global", num_global, n, "n")
-    num_random = _count_at_most("num_random", num_random, n, "n")
+    B = check_int("block_size", block_size, minimum=1)
+    blocks = -(-n // B)
+    num_global = _count_at_most("num_global", num_global, blocks, "ceil(n / block_size)")
+    num_random = _count_at_most("num_random", num_random, blocks, "ceil(n / block_size)")
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
     # the random keys are drawn on the CPU, so a seed means the same mask everywhere
@@ -241,15 +261,18 @@ def bigbird_mask(
         if seed >= 2**64:
             raise ValueError(f"seed must fit in 64 bits, in [-2**63, 2**64), got {seed}")
         generator = torch.Generator().manual_seed(seed)
-    mask = global_tokens_mask(n, window, range(num_global), device=device)
+    device = check_device("device", device)
+    layout = global_tokens_mask(blocks, window, range(num_global))  # (blocks, blocks), CPU
     if num_random:
-        # a uniformly random subset per row: the indices of the num_random smallest of
-        # n independent uniforms (drawn on the CPU so a seed means the same everywhere)
-        picks = torch.rand(n, n, generator=generator).argsort(dim=-1)[:, :num_random]
-        rand = torch.zeros(n, n, dtype=torch.bool)
+        # per row, the num_random candidates with the smallest of independent uniforms: a
+        # uniformly random subset of the blocks outside the window and the global blocks
+        free = ~layout  # (blocks, blocks): global rows are full, so they have none
+        u = torch.rand(blocks, blocks, generator=generator).masked_fill(~free, 2.0)
+        picks = u.argsort(dim=-1)[:, :num_random]  # (blocks, num_random)
+        rand = torch.zeros(blocks, blocks, dtype=torch.bool)
         rand.scatter_(-1, picks, True)
-        mask = mask | rand.to(mask.device)
-    return mask
+        layout = layout | (rand & free)
+    return block_sparse_mask(layout.to(device), B, n)
 
 
 def block_sparse_mask(

@@ -177,18 +177,22 @@ def general_scores(
     bias: Tensor | None = None,
     activation: str | None = None,
 ) -> Tensor:
-    r"""General (bilinear) scores :math:`s_{ij} = \mathrm{act}\big(k_j^\top (W q_i + b)\big)`.
+    r"""General (bilinear) scores :math:`s_{ij} = \mathrm{act}\big(k_j^\top W q_i + \beta_j\big)`.
 
-    ``bias=None, activation=None`` is Luong's *general* score :math:`k^\top W q`; a bias
-    gives the *biased general* :math:`k^\top (W q + b)`, which adds the per-key prior
-    :math:`k^\top b`; an activation gives the *activated general* score. Because
-    :math:`W` is ``(d_k, d_q)`` the query and the key may have different sizes.
+    ``bias=None, activation=None`` is Luong's *general* score :math:`k^\top W q`. A vector
+    bias :math:`b \in \mathbb{R}^{d_k}` gives the *biased general* score
+    :math:`k^\top (W q + b)`, which adds the per-key prior :math:`\beta_j = k_j^\top b`; a
+    scalar bias :math:`b` with an activation gives the *activated general* score
+    :math:`\mathrm{act}(k^\top W q + b)`, as in Brauwers and Frasincar's taxonomy (a scalar
+    added inside the activation shifts every score alike). Because :math:`W` is
+    ``(d_k, d_q)`` the query and the key may have different sizes.
 
     Args:
         query: ``(..., i, d_q)``.
         key: ``(..., j, d_k)``.
         weight: ``(d_k, d_q)`` matrix :math:`W`.
-        bias: ``(d_k,)`` vector :math:`b`, or None.
+        bias: ``(d_k,)`` vector :math:`b` (biased general), a 0-d scalar :math:`b`
+            (activated general), or None.
         activation: ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"identity"`` or None.
 
     Returns:
@@ -203,12 +207,16 @@ def general_scores(
     d_k, d_q = weight.shape
     check_feature_sizes(query, key, d_q, d_k)
     check_like("query", query, "weight", weight)
-    if bias is not None:
-        check_param("bias", bias, (d_k,), "(d_k,)", query)
+    scalar = isinstance(bias, Tensor) and bias.dim() == 0
+    if scalar:
+        check_param("bias", bias, (), "() (a scalar)", query)
+    elif bias is not None:
+        check_param("bias", bias, (d_k,), "(d_k,) (or a 0-d scalar)", query)
     projected = query @ weight.transpose(0, 1)  # (..., i, d_k): W q_i
-    if bias is not None:
-        projected = projected + bias
-    return act(projected @ key.transpose(-2, -1))  # (..., i, j)
+    if bias is not None and not scalar:
+        projected = projected + bias  # W q_i + b
+    scores = projected @ key.transpose(-2, -1)  # (..., i, j)
+    return act(scores + bias if scalar else scores)
 
 
 def _check_additive(query, key, w_query, w_key, bias) -> int:
@@ -304,16 +312,22 @@ def additive_scores(
 
 
 class GeneralScore(nn.Module):
-    r"""Learnable general score :math:`\mathrm{act}(k^\top (W q + b))` (Luong et al., 2015).
+    r"""Learnable general score (Luong et al., 2015) and its biased and activated forms.
+
+    Without an activation: :math:`k^\top (W q + b)` with a vector :math:`b` (the *biased
+    general* score), or :math:`k^\top W q` without it. With an activation:
+    :math:`\mathrm{act}(k^\top W q + b)` with a **scalar** :math:`b` (the *activated
+    general* score of Brauwers and Frasincar's taxonomy).
 
     Parameters:
         weight: ``(d_k, d_q)`` matrix :math:`W`.
-        bias: ``(d_k,)`` vector :math:`b` (only with ``bias=True``).
+        bias: ``(d_k,)`` vector :math:`b` without an activation, ``()`` scalar with one
+            (only with ``bias=True``).
 
     Args:
         d_q: query size.
         d_k: key size.
-        bias: add :math:`b` (the *biased general* score).
+        bias: add :math:`b`.
         activation: ``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"identity"`` or None (the
             *activated general* score when not None).
 
@@ -332,7 +346,8 @@ class GeneralScore(nn.Module):
         get_activation(activation)  # fail early on an unknown name
         self.activation = activation
         self.weight = nn.Parameter(torch.empty(self.d_k, self.d_q))
-        self.bias = nn.Parameter(torch.empty(self.d_k)) if bias else None
+        shape = (self.d_k,) if activation is None else ()  # activated general: scalar b
+        self.bias = nn.Parameter(torch.empty(shape)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

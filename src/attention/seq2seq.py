@@ -1,8 +1,11 @@
 """A tiny encoder-decoder whose cross-attention learns an alignment (chapter 08).
 
-The toy task is sequence reversal: the source ``3 1 4 1 5`` must become ``5 1 4 1 3``.
-Output position ``t`` of a length-``n`` sequence needs exactly source position
-``n - 1 - t``, so a trained cross-attention should put its weight on the anti-diagonal.
+The first toy task is sequence reversal: the source ``3 1 4 1 5`` must become
+``5 1 4 1 3``. Output position ``t`` of a length-``n`` sequence needs exactly source
+position ``n - 1 - t``, so a trained cross-attention should put its weight on the
+anti-diagonal: position alone solves it. The second, key-value lookup
+(:func:`lookup_batch`), needs content: the source position to read depends on where a
+key landed.
 
 Shape legend: ``b`` batch, ``i`` target (decoder) positions, ``j`` source (encoder)
 positions, ``d`` model size, ``V`` vocabulary size.
@@ -47,6 +50,7 @@ __all__ = [
     "FIRST_SYMBOL",
     "ReversalBatch",
     "reversal_batch",
+    "lookup_batch",
     "encoder_decoder_masks",
     "TinySeq2Seq",
     "train_seq2seq",
@@ -103,6 +107,54 @@ def reversal_batch(
     tgt_out = src.flip(-1)  # (b, n)
     bos = torch.full((batch_size, 1), BOS, dtype=src.dtype)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=-1)  # (b, n)
+    return ReversalBatch(src, tgt_in, tgt_out)
+
+
+def lookup_batch(
+    batch_size: int,
+    num_pairs: int,
+    num_values: int,
+    *,
+    generator: torch.Generator | None = None,
+) -> ReversalBatch:
+    """The key-value lookup task: output the values in the order of their keys.
+
+    The source is ``num_pairs`` (key, value) pairs in a random order, ``k v k v ...``; the
+    keys are a permutation of the ``num_pairs`` key symbols, the values random. Output
+    position ``t`` must be the value paired with key ``t``. Where that value sits depends
+    on the content (where key ``t`` landed), not on ``t`` alone: unlike reversal, no fixed
+    alignment solves it. Returned in the same three fields as :func:`reversal_batch`.
+
+    Token ids: keys ``FIRST_SYMBOL ... FIRST_SYMBOL + num_pairs - 1``, values the next
+    ``num_values`` ids, so the vocabulary has ``2 + num_pairs + num_values`` entries.
+
+    Args:
+        batch_size: number of examples ``b``.
+        num_pairs: pairs per example ``P`` (source length ``2P``, target length ``P``).
+        num_values: number of value symbols.
+        generator: a seeded ``torch.Generator`` for reproducible batches.
+
+    Returns:
+        :class:`ReversalBatch` with ``src`` ``(b, 2P)`` and ``tgt_in``, ``tgt_out`` ``(b, P)``.
+
+    Example:
+        >>> batch = lookup_batch(1, 3, 4, generator=torch.Generator().manual_seed(0))
+        >>> src, out = batch.src[0].tolist(), batch.tgt_out[0].tolist()
+        >>> [src[src.index(2 + t) + 1] for t in range(3)] == out  # the value after key t
+        True
+    """
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    num_pairs = check_int("num_pairs", num_pairs, minimum=1)
+    num_values = check_int("num_values", num_values, minimum=1)
+    check_generator(generator, torch.device("cpu"))
+    order = torch.rand(batch_size, num_pairs, generator=generator).argsort(-1)  # (b, P): key at slot
+    values = torch.randint(num_values, (batch_size, num_pairs), generator=generator)  # (b, P): value of key t
+    first_value = FIRST_SYMBOL + num_pairs
+    src = torch.stack([FIRST_SYMBOL + order, first_value + values.gather(-1, order)], dim=-1)
+    src = src.flatten(1)  # (b, 2P): k v k v ...
+    tgt_out = first_value + values  # (b, P): value of key 0, 1, ...
+    bos = torch.full((batch_size, 1), BOS, dtype=src.dtype)
+    tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=-1)  # (b, P)
     return ReversalBatch(src, tgt_in, tgt_out)
 
 
@@ -266,8 +318,9 @@ def train_seq2seq(
     length: int | None = None,
     lr: float = 1e-2,
     seed: int = 0,
+    task: str = "reversal",
 ) -> list[float]:
-    """Train ``model`` on the reversal task with Adam; deterministic for a given ``seed``.
+    """Train ``model`` on a toy task with Adam; deterministic for a given ``seed``.
 
     Batches come from a ``torch.Generator`` seeded with ``seed``; the loop runs on one
     CPU thread (restored afterwards) so the floating-point sums, hence the losses, are
@@ -278,9 +331,13 @@ def train_seq2seq(
         steps: the number of steps, or any iterable with one item per step, e.g.
             ``tqdm(range(300))`` to show a progress bar.
         batch_size: sequences per step.
-        length: sequence length (default ``model.max_len``).
+        length: sequence length (default ``model.max_len``); for ``"lookup"`` the number
+            of pairs (default ``model.max_len // 2``).
         lr: Adam's learning rate.
         seed: seed of the batch generator.
+        task: ``"reversal"`` (:func:`reversal_batch`) or ``"lookup"``
+            (:func:`lookup_batch`, with ``length`` pairs and every remaining vocabulary
+            entry a value symbol).
 
     Returns:
         The training loss (cross-entropy, nats per token) of every step.
@@ -294,9 +351,15 @@ def train_seq2seq(
                         "Tensor; pass int(steps)")
     if isinstance(steps, int):
         steps = range(check_int("steps", steps, minimum=0))
-    length = model.max_len if length is None else check_int("length", length, minimum=1)
-    if length > model.max_len:
-        raise ValueError(f"length must be <= model.max_len={model.max_len}, got {length}")
+    if task not in ("reversal", "lookup"):
+        raise ValueError(f"task must be 'reversal' or 'lookup', got {task!r}")
+    source_per_item = 1 if task == "reversal" else 2  # source positions per target position
+    default = model.max_len // source_per_item
+    length = default if length is None else check_int("length", length, minimum=1)
+    if source_per_item * length > model.max_len:
+        limit = (f"model.max_len={model.max_len}" if task == "reversal" else
+                 f"{default} (model.max_len={model.max_len} source positions)")
+        raise ValueError(f"length must be <= {limit}, got {length}")
     batch_size = check_int("batch_size", batch_size, minimum=1)
     lr = check_real("lr", lr)
     if not lr > 0:
@@ -306,13 +369,19 @@ def train_seq2seq(
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     num_symbols = model.vocab_size - FIRST_SYMBOL
+    if task == "lookup" and num_symbols - length < 1:
+        raise ValueError(f"the lookup task needs a vocabulary of more than {FIRST_SYMBOL + length} "
+                         f"entries for {length} keys, got vocab_size={model.vocab_size}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     losses = []
     model.train()
     try:
         for _ in steps:
-            batch = reversal_batch(batch_size, length, num_symbols, generator=generator)
+            if task == "reversal":
+                batch = reversal_batch(batch_size, length, num_symbols, generator=generator)
+            else:
+                batch = lookup_batch(batch_size, length, num_symbols - length, generator=generator)
             logits, _ = model(batch.src, batch.tgt_in)  # (b, i, V)
             loss = loss_fn(logits.flatten(0, 1), batch.tgt_out.flatten())
             optimizer.zero_grad()
