@@ -36,20 +36,18 @@ Run: ``.venv/bin/python benchmarks/recurrent.py`` (a few minutes on one idle cor
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import set_omp_wait_policy  # noqa: E402
+from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
 
-OMP_WAIT_POLICY = set_omp_wait_policy("passive")  # many small operations per step
+OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
-from _common import peak_memory_mib, save_results, stamp  # noqa: E402
+from _common import THREADS, begin, finish, peak_memory_mib  # noqa: E402
 
 from attention import (  # noqa: E402
     delta_rule_attention,
@@ -58,7 +56,6 @@ from attention import (  # noqa: E402
     linear_attention_step,
 )
 
-THREADS = 1
 HEADS, DIM = 8, 64
 CONTEXTS = [256, 1024, 4096, 16384, 65536]
 WARMUP, REPEAT = 3, 15
@@ -185,14 +182,11 @@ def summary(samples: list[float]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, nothing saved")
-    args = parser.parse_args()
-    contexts, warmup, repeat = ([64, 256], 1, 7) if args.smoke else (CONTEXTS, WARMUP, REPEAT)
+    run = begin("recurrent")
+    contexts, warmup, repeat = ([64, 256], 1, 7) if run.quick else (CONTEXTS, WARMUP, REPEAT)
 
     torch.set_num_threads(THREADS)
     check_steps()
-    load_before = os.getloadavg()[0]
     # Memory first, before this process holds large tensors (see _common.peak_memory_mib).
     peak = {name: [peak_memory_mib(f"recurrent:make_{name}", length=n) for n in contexts]
             for name in NAMES}
@@ -211,19 +205,9 @@ def main() -> None:
     print(f"KV cache per token and layer: {kv_per_token} bytes; state per layer: "
           + ", ".join(f"{name} {b} bytes (= {break_even[name]:.1f} tokens of cache)"
                       for name, b in state_bytes.items()))
-    load_after = os.getloadavg()[0]
-    cores = os.cpu_count() or 1
-    if args.smoke:
-        print("smoke run: nothing saved")
-        return
-    if max(load_before, load_after) > cores:
-        print(f"not saved: 1-minute load average {max(load_before, load_after):.2f} exceeds the "
-              f"{cores} cores; run again on a quiet machine")
-        return
-    path = save_results(
-        "recurrent",
+    finish(
+        run,
         {
-            "stamp": {**stamp(THREADS), "load_1min": [round(load_before, 2), round(load_after, 2)]},
             "setting": {"batch": 1, "heads": HEADS, "d": DIM, "e": DIM, "dtype": "float32",
                         "mode": "one decode step, inference_mode", "warmup": warmup,
                         "repeat": repeat, "omp_wait_policy": OMP_WAIT_POLICY},
@@ -238,8 +222,8 @@ def main() -> None:
             "state_bytes_per_layer": state_bytes,
             "break_even_tokens": break_even,
         },
+        repeat=repeat,
     )
-    print(f"saved {path}")
 
 
 if __name__ == "__main__":
