@@ -10,7 +10,7 @@ elapsed() { echo "($1 took $(( $(date +%s) - $2 )) s)"; }
 # once the course has 19 chapters): numerics (02), PyTorch's nn.MultiheadAttention and SDPA
 # (06), torch.distributed and autograd (14), FlexAttention and the KV caches (16), Hugging
 # Face's model (17). The README lists the same ones (tests/test_reader_launch.py checks it).
-TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/14_distributed.ipynb chapters/16_llm_inference.ipynb chapters/17_pretrained_model.ipynb"
+TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/14_distributed.ipynb chapters/15_triton_flash.ipynb chapters/16_llm_inference.ipynb chapters/17_pretrained_model.ipynb"
 
 echo "== 1. lint: ruff check"
 $BIN/ruff check src tests benchmarks scripts
