@@ -44,6 +44,9 @@ from .paged import *  # noqa: F403  chapter 16
 from .logits import *  # noqa: F403  chapter 16
 from .pretrained import *  # noqa: F403  chapter 17
 from .head_stats import *  # noqa: F403  chapter 17
+# chapters 01-08's running example; last, since it builds on pretrained and a module
+# imported early would take an earlier slot in __all__
+from .example import *  # noqa: F403  chapters 01-08
 
 __version__ = "0.1.0"
 
