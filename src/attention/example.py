@@ -11,6 +11,11 @@ all-MiniLM-L6-v2 (a small BERT-style encoder, hidden size 384, 6 layers, 12 head
 - chapters 05-08 use the same sentence for self-attention, heads and positions
   (the layer inputs ``hidden_states`` carry position and context).
 
+The model's own attention maps of the sentence (every layer and head, ``[CLS]`` and
+``[SEP]`` included) are one call away:
+``attention.trace_attention(ex.model, ex.tokenizer, ex.text).attentions``, shape
+``(6, 12, 15, 15)``; ``ex.qkv(layer)`` with ``special_tokens=True`` reproduces them.
+
 Shape legend: ``n`` tokens, ``embed_dim`` = 384, ``h`` = 12 heads, ``d`` = 32 per head,
 ``num_layers`` = 6. :class:`RunningExample` and :data:`RUNNING_SENTENCE` are importable
 from ``attention.example``; only :func:`running_example` is re-exported by ``attention``.
