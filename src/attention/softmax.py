@@ -13,7 +13,7 @@ from torch import Tensor
 from ._checks import check_bool, check_dim, check_tensor
 from ._core import _empty, _shift, _softmax
 
-# softmax_jacobian and two_pass_softmax, used by chapters 02, 03 and 13, are imported
+# softmax_jacobian and three_pass_softmax, used by chapters 02, 03 and 13, are imported
 # from this module (``from attention.softmax import softmax_jacobian``).
 __all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
 
@@ -87,14 +87,16 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))
 
 
-def two_pass_softmax(x: Tensor) -> Tensor:
-    """Safe softmax over the last axis, written as explicit passes over the row.
+def three_pass_softmax(x: Tensor) -> Tensor:
+    """The safe softmax over the last axis, written as its three passes over the row.
 
-    Phase 1 computes the normaliser: one pass for the maximum ``m``, one for
-    ``sum_k exp(x_k - m)``; phase 2 writes each output. "Two-pass" names the two phases
-    (normaliser, then scaling); counted as reads of the row, as Milakov and Gimelshein do,
-    this classic safe softmax reads it three times. Chapter 13's online softmax computes
-    the maximum and the sum in one pass. The loops are explicit so the passes are visible.
+    Pass 1 finds the maximum ``m``, pass 2 the normaliser ``l = sum_k exp(x_k - m)``,
+    pass 3 writes each ``exp(x_k - m) / l``. Passes are counted as reads of the row, as
+    Milakov and Gimelshein do: the naive softmax reads it twice (and overflows), this safe
+    one three times, and the *online* softmax of chapter 13 (:func:`~attention.online_softmax`)
+    is back to two, because it finds ``m`` and ``l`` together in one pass. That one-pass
+    normaliser followed by the scaling pass is the "two-pass" softmax that tiled attention
+    builds on. The loops are explicit so the passes are visible.
 
     Args:
         x: ``(..., n)`` scores.
@@ -103,21 +105,27 @@ def two_pass_softmax(x: Tensor) -> Tensor:
         ``(..., n)`` weights, equal to :func:`softmax`.
 
     Example:
-        >>> two_pass_softmax(torch.tensor([0.0, 0.0])).tolist()
+        >>> three_pass_softmax(torch.tensor([0.0, 0.0])).tolist()
         [0.5, 0.5]
     """
     check_tensor("x", x, floating=True, min_dim=1)
     n = x.shape[-1]
     m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
-    for k in range(n):  # phase 1, read 1: running maximum
+    for k in range(n):  # pass 1: running maximum
         m = torch.maximum(m, x[..., k])
     denom = torch.zeros_like(m)
-    for k in range(n):  # phase 1, read 2: normaliser
+    for k in range(n):  # pass 2: normaliser
         denom = denom + torch.exp(x[..., k] - m)
     out = torch.empty_like(x)
-    for k in range(n):  # phase 2, read 3: scale each entry
+    for k in range(n):  # pass 3: scale each entry
         out[..., k] = torch.exp(x[..., k] - m) / denom
     return out
+
+
+# The former name, which counted the two *phases* (normaliser, then scaling) and so clashed
+# with chapter 13's "two-pass" online softmax. Chapter 13 and attention.tiled's docstring
+# still use it; remove it once they say three_pass_softmax.
+two_pass_softmax = three_pass_softmax
 
 
 def softmax_jacobian(z: Tensor) -> Tensor:
