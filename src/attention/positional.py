@@ -46,6 +46,7 @@ from ._rope import (
     _inv_freq,
     rotate,
 )
+from ._rope import _apply_rope, _check_positions  # noqa: F401  (kept importable here)
 
 __all__ = [
     "sinusoidal_positions",
