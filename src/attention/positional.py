@@ -37,16 +37,17 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_device, check_int, check_tensor
-from ._rope import (
+from ._rope import (  # noqa: F401  (kept importable here)
     RotaryConfig,
+    _apply_rope,
     _check_base,
     _check_dtype,
     _check_feature_size,
+    _check_positions,
     _check_scaling,
     _inv_freq,
     rotate,
 )
-from ._rope import _apply_rope, _check_positions  # noqa: F401  (kept importable here)
 
 __all__ = [
     "sinusoidal_positions",
