@@ -1,6 +1,7 @@
-"""The unchecked core of rotary position embeddings and the checks of its options.
+"""The unchecked core of rotary position embeddings, the checks of its options and
+:class:`RotaryConfig` (exported by :mod:`attention.positional`).
 
-Shared by :mod:`attention.positional` (``apply_rope``, ``RotaryConfig``),
+Shared by :mod:`attention.positional` (``apply_rope``),
 :mod:`attention.multihead`, :mod:`attention.latent` and :mod:`attention.dual_chunk`, which
 validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes: ``x``
 ``(..., n, d)`` with ``d`` even, positions broadcastable to ``(..., n)``.
@@ -9,6 +10,7 @@ validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -125,6 +127,61 @@ def _apply_rope(
     return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
+def rotate(x, positions, base, interleaved, scaling) -> Tensor:
+    """:func:`attention.apply_rope`: its checks, then :func:`_apply_rope`."""
+    check_tensor("x", x, floating=True, min_dim=2)
+    d = _check_feature_size(x.shape[-1], "the last dimension d of x")
+    base = _check_base(base)
+    check_bool("interleaved", interleaved)
+    scaling = _check_scaling(scaling, d)
+    if positions is None:
+        positions = torch.arange(x.shape[-2], device=x.device)  # (n,)
+    else:
+        positions = _check_positions(positions, tuple(x.shape[:-1]), x, "x", "x.shape[:-1]")
+    return _apply_rope(x, positions, base, interleaved, scaling)
+
+
+@dataclass(frozen=True)
+class RotaryConfig:
+    """The options of a rotary position embedding (RoPE), in one object.
+
+    Shared by :class:`~attention.MultiHeadAttention` (``rope=RotaryConfig(...)``),
+    :class:`~attention.MultiHeadLatentAttention` and :func:`~attention.dual_chunk_attention`,
+    so a new RoPE option is added here once, not as a new flag of every module. Validated
+    when built.
+
+    Args:
+        base: the base :math:`\\theta` of the frequencies :math:`\\theta^{-2k/d}` (10000 in
+            Llama 2, 500000 in Llama 3); finite and > 0.
+        interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
+            ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's, DeepSeek's layout).
+        scaling: None, ``{"type": "linear", "factor": s}`` or ``{"type": "ntk", "factor": s}``
+            (see :func:`attention.rope_frequencies`).
+
+    Example:
+        >>> from attention import RotaryConfig, apply_rope
+        >>> rope = RotaryConfig(base=500000.0)
+        >>> x = torch.randn(2, 5, 8)
+        >>> torch.equal(rope.rotate(x), apply_rope(x, base=500000.0))
+        True
+    """
+
+    base: float = 10000.0
+    interleaved: bool = False
+    scaling: dict | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", _check_base(self.base))
+        check_bool("interleaved", self.interleaved)
+        _check_scaling(self.scaling, None)
+        if self.scaling is not None:  # a private copy: the frozen config cannot change under us
+            object.__setattr__(self, "scaling", dict(self.scaling))
+
+    def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """:func:`attention.apply_rope` of ``x`` ``(..., n, d)`` with these options."""
+        return rotate(x, positions, self.base, self.interleaved, self.scaling)
+
+
 def rope_config(rope, owner: str, **legacy):
     """One :class:`attention.RotaryConfig` from ``rope`` or from the former separate options.
 
@@ -132,8 +189,6 @@ def rope_config(rope, owner: str, **legacy):
     given); given ones are checked under their own name, folded into a config and warned
     about (``DeprecationWarning``). ``rope=None`` with none given is the default config.
     """
-    from .positional import RotaryConfig  # the public class; imported late (no cycle)
-
     if rope is not None and not isinstance(rope, RotaryConfig):
         raise TypeError(f"rope must be a RotaryConfig or None, got {type(rope).__name__}")
     given = {name: fv for name, fv in legacy.items() if fv[1] is not None}

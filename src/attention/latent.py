@@ -46,7 +46,6 @@ from ._checks import (
     check_sizes,
     check_tensor,
 )
-from ._core import default_scale
 from ._rope import _apply_rope, _check_positions, _check_scaling, rope_config
 from .masks import decoding_mask
 from .positional import RotaryConfig
@@ -253,7 +252,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = p, q, e
         self.q_lora_rank = q_lora_rank
         self.norm_eps = float(norm_eps)
-        self.scale = default_scale(None, p + q)  # 1 / sqrt(p + q)
+        self.scale = (p + q) ** -0.5  # DeepSeek's own spelling, bit for bit (not 1 / sqrt)
         fac = {"device": device, "dtype": dtype}
         if q_lora_rank is None:
             self.w_query = nn.Linear(embed_dim, h * (p + q), bias=False, **fac)
@@ -268,8 +267,9 @@ class MultiHeadLatentAttention(nn.Module):
 
     def extra_repr(self) -> str:
         names = ("embed_dim", "num_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
-                 "qk_rope_head_dim", "v_head_dim", "rope")
-        return ", ".join(f"{k}={getattr(self, k)}" for k in names)
+                 "qk_rope_head_dim", "v_head_dim", "rope_interleaved")
+        extra = "" if self.rope == RotaryConfig(interleaved=self.rope.interleaved) else f", rope={self.rope}"
+        return ", ".join(f"{k}={getattr(self, k)}" for k in names) + extra
 
     @property
     def rope_base(self) -> float:

@@ -32,13 +32,13 @@ angle is already wrong in its third decimal.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_device, check_int, check_tensor
-from ._rope import (
+from ._rope import (  # noqa: F401  (kept importable here)
+    RotaryConfig,
     _apply_rope,
     _check_base,
     _check_dtype,
@@ -46,6 +46,7 @@ from ._rope import (
     _check_positions,
     _check_scaling,
     _inv_freq,
+    rotate,
 )
 
 __all__ = [
@@ -58,46 +59,8 @@ __all__ = [
     "relative_position_bucket",
 ]
 
-
-@dataclass(frozen=True)
-class RotaryConfig:
-    """The options of a rotary position embedding (RoPE), in one object.
-
-    Shared by :class:`~attention.MultiHeadAttention` (``rope=RotaryConfig(...)``),
-    :class:`~attention.MultiHeadLatentAttention` and :func:`~attention.dual_chunk_attention`,
-    so a new RoPE option is added here once, not as a new flag of every module. Validated
-    when built.
-
-    Args:
-        base: the base :math:`\\theta` of the frequencies :math:`\\theta^{-2k/d}` (10000 in
-            Llama 2, 500000 in Llama 3); finite and > 0.
-        interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
-            ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's, DeepSeek's layout).
-        scaling: None, ``{"type": "linear", "factor": s}`` or ``{"type": "ntk", "factor": s}``
-            (see :func:`rope_frequencies`).
-
-    Example:
-        >>> rope = RotaryConfig(base=500000.0)
-        >>> x = torch.randn(2, 5, 8)
-        >>> torch.equal(rope.rotate(x), apply_rope(x, base=500000.0))
-        True
-    """
-
-    base: float = 10000.0
-    interleaved: bool = False
-    scaling: dict | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "base", _check_base(self.base))
-        check_bool("interleaved", self.interleaved)
-        _check_scaling(self.scaling, None)
-        if self.scaling is not None:  # a private copy: the frozen config cannot change under us
-            object.__setattr__(self, "scaling", dict(self.scaling))
-
-    def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """:func:`apply_rope` of ``x`` ``(..., n, d)`` with these options."""
-        return apply_rope(x, positions, base=self.base, interleaved=self.interleaved,
-                          scaling=self.scaling)
+# defined next to the rotation it configures (no import cycle), documented here
+RotaryConfig.__module__ = __name__
 
 
 def _slopes_power_of_two(h: int) -> list[float]:
@@ -226,16 +189,7 @@ def apply_rope(
         >>> apply_rope(x, torch.tensor([1])).tolist() == [[math.cos(1.0), math.sin(1.0)]]
         True
     """
-    check_tensor("x", x, floating=True, min_dim=2)
-    d = _check_feature_size(x.shape[-1], "the last dimension d of x")
-    base = _check_base(base)
-    check_bool("interleaved", interleaved)
-    scaling = _check_scaling(scaling, d)
-    if positions is None:
-        positions = torch.arange(x.shape[-2], device=x.device)  # (n,)
-    else:
-        positions = _check_positions(positions, tuple(x.shape[:-1]), x, "x", "x.shape[:-1]")
-    return _apply_rope(x, positions, base, interleaved, scaling)
+    return rotate(x, positions, base, interleaved, scaling)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
