@@ -224,7 +224,7 @@ def test_token_scores_per_sequence_batch():
     (lambda: induction_score(torch.ones(4, 4), 0), ValueError, "period must be >= 1"),
     (lambda: induction_score(torch.ones(4, 4), 1.5), TypeError, "period must be an int"),
     (lambda: induction_score(torch.ones(4, 4), torch.tensor([0, 1, 2, 4])), ValueError,
-     r"positions must be -1 \(no target\) or in \[0, 4\)"),
+     r"positions must be -1 \(no induction key\) or in \[0, 4\)"),
     (lambda: induction_score(torch.ones(4, 4), torch.tensor([0.0, 1, 2, 3])), TypeError,
      "positions must be an integer tensor"),
     (lambda: induction_score(torch.ones(4, 4), torch.tensor([0, 1, 2])), ValueError,

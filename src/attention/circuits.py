@@ -268,10 +268,10 @@ def _check_integer(name: str, t) -> None:
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
 
 
-def _score(weights: Tensor, targets: Tensor) -> Tensor:
-    """Mean over queries that have a target of the weight on their targets (NaN if none)."""
-    share = (weights * targets).sum(-1)  # (..., i)
-    has = targets.any(-1).to(weights.dtype).expand_as(share)  # (..., i)
+def _score(weights: Tensor, chosen: Tensor) -> Tensor:
+    """Mean over the queries that have chosen keys of the weight on them (NaN if none has)."""
+    share = (weights * chosen).sum(-1)  # (..., i)
+    has = chosen.any(-1).to(weights.dtype).expand_as(share)  # (..., i)
     return (share * has).sum(-1) / has.sum(-1)  # (...)
 
 
@@ -298,18 +298,18 @@ def previous_token_score(weights: Tensor) -> Tensor:
 
 
 def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tensor:
-    r"""The mean weight on the *induction target*: the token after the previous copy.
+    r"""The mean weight on the *induction key*: the position after the previous copy.
 
     With an int period ``p`` the sequence repeats itself after ``p`` tokens
-    (``t_{i} = t_{i-p}`` for ``i >= p``), and query ``i >= p`` has target ``i - p + 1``:
+    (``t_{i} = t_{i-p}`` for ``i >= p``), and query ``i >= p`` has induction key ``i - p + 1``:
     :math:`\frac{1}{n-p}\sum_{i \ge p} A_{i,i-p+1}`. With a tensor of positions, query
-    ``i``'s target is ``positions[..., i]`` (``-1``: no target), which handles a repeat at
-    a different offset in every sequence. The mean runs over the queries that have a
-    target (NaN where none has).
+    ``i``'s induction key is ``positions[..., i]`` (``-1``: none), which handles a repeat at
+    a different offset in every sequence. The mean runs over the queries that have an
+    induction key (NaN where none has).
 
     Args:
         weights: ``(..., n, n)`` self-attention maps, e.g. ``(b, h, n, n)``.
-        period_or_positions: an int ``p`` with ``1 <= p < n``, or integer targets
+        period_or_positions: an int ``p`` with ``1 <= p < n``, or integer induction keys
             ``(n,)`` (shared) or ``(b, n)`` (one row per leading index of ``weights``),
             each ``-1`` or in ``[0, n)``.
 
@@ -328,18 +328,18 @@ def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tenso
         check_same_device(weights=weights, positions=positions)
         positions = _per_sequence("positions", positions, weights)
         if positions.numel() and (positions.min() < -1 or positions.max() >= n):
-            raise ValueError(f"positions must be -1 (no target) or in [0, {n}), got values in "
+            raise ValueError(f"positions must be -1 (no induction key) or in [0, {n}), got values in "
                              f"[{int(positions.min())}, {int(positions.max())}]")
         keys = torch.arange(n, device=weights.device)
-        targets = positions.unsqueeze(-1) == keys  # (..., i, j)
-        return _score(weights, targets)
+        chosen = positions.unsqueeze(-1) == keys  # (..., i, j)
+        return _score(weights, chosen)
     p = check_int("period", period_or_positions, minimum=1)
     if p >= n:
         raise ValueError(f"period must be < n={n} so that some token repeats, got {p}")
     return weights.diagonal(offset=1 - p, dim1=-2, dim2=-1)[..., 1:].mean(-1)  # (...)
 
 
-def _token_targets(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool) -> Tensor:
+def _token_keys(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool) -> Tensor:
     _check_integer("tokens", tokens)
     check_same_device(weights=weights, tokens=tokens)
     check_bool("is_causal", is_causal)
@@ -357,9 +357,9 @@ def _token_targets(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool)
 def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = True) -> Tensor:
     r"""The mean weight on tokens that *follow* an earlier copy of the current token.
 
-    Query ``i`` (token ``t_i``) has targets :math:`\{\, k + 1 : t_k = t_i,\ k < i \,\}`
+    Query ``i`` (token ``t_i``) has the chosen keys :math:`S_i = \{\, k + 1 : t_k = t_i,\ k < i \,\}`
     (with ``is_causal=False``: any :math:`k \ne i`); the score averages
-    :math:`\sum_{j \in \text{targets}} A_{ij}` over the queries that have a target (NaN
+    :math:`\sum_{j \in S_i} A_{ij}` over the queries with a non-empty :math:`S_i` (NaN
     where none has). Olsson et al. (2022) measure it on repeated random tokens; it is the
     attention half of an induction head, read from the tokens rather than from a known
     period (compare :func:`induction_score`).
@@ -368,7 +368,7 @@ def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
         weights: ``(..., n, n)`` self-attention maps, e.g. ``(b, h, n, n)``.
         tokens: integer token ids ``(n,)`` (shared) or ``(b, n)`` (one row per leading
             index of ``weights``).
-        is_causal: targets come from earlier copies only (a causal model); False for an
+        is_causal: the chosen keys come from earlier copies only (a causal model); False for an
             encoder, whose queries see copies on both sides.
 
     Returns:
@@ -380,13 +380,13 @@ def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
         1.0
     """
     _check_maps(weights)
-    return _score(weights, _token_targets(tokens, weights, 1, is_causal))
+    return _score(weights, _token_keys(tokens, weights, 1, is_causal))
 
 
 def duplicate_token_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = True) -> Tensor:
     r"""The mean weight on earlier copies of the current token.
 
-    Query ``i`` has targets :math:`\{\, j : t_j = t_i,\ j < i \,\}` (with
+    Query ``i`` has the chosen keys :math:`S_i = \{\, j : t_j = t_i,\ j < i \,\}` (with
     ``is_causal=False``: any :math:`j \ne i`); the score averages the weight on them over
     the queries that have one (NaN where none has).
 
@@ -404,7 +404,7 @@ def duplicate_token_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
         1.0
     """
     _check_maps(weights)
-    return _score(weights, _token_targets(tokens, weights, 0, is_causal))
+    return _score(weights, _token_keys(tokens, weights, 0, is_causal))
 
 
 # --------------------------------------------------------------------------- the model
