@@ -56,9 +56,16 @@ __all__ = [
 # --------------------------------------------------------------------------- circuits
 
 
-def _head_weights(module: MultiHeadAttention) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _head_weights(module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-head ``W_Q, W_K, W_V`` ``(h, D, d)`` and ``W_O`` ``(h, d, D)`` of a module."""
     h, d = module.num_heads, module.head_dim
+    if isinstance(module, nn.MultiheadAttention):
+        if module.in_proj_weight is None:  # separate kdim / vdim projections
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        else:
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3, dim=0)  # each (D, D_in)
+        w_q, w_k, w_v = (w.reshape(h, d, -1).transpose(-2, -1) for w in (w_q, w_k, w_v))
+        return w_q, w_k, w_v, module.out_proj.weight.reshape(-1, h, d).permute(1, 2, 0)
     w_q = module.w_query.weight.reshape(h, d, -1).transpose(-2, -1)  # (h, D, d)
     w_k = module.w_key.weight.reshape(module.num_kv_heads, d, -1).transpose(-2, -1)
     w_v = module.w_value.weight.reshape(module.num_kv_heads, d, -1).transpose(-2, -1)
@@ -71,7 +78,7 @@ def _head_weights(module: MultiHeadAttention) -> tuple[Tensor, Tensor, Tensor, T
 
 def _pair(name: str, first, second, first_name: str, second_name: str) -> tuple[Tensor, Tensor]:
     """Either a MultiHeadAttention (``second`` None) or two per-head matrices."""
-    if isinstance(first, MultiHeadAttention):
+    if isinstance(first, MultiHeadAttention | nn.MultiheadAttention):
         if second is not None:
             raise ValueError(
                 f"{name} takes a MultiHeadAttention alone, or two matrices "
@@ -97,8 +104,9 @@ def qk_circuit(w_query, w_key: Tensor | None = None) -> Tensor:
     :math:`1/\sqrt d`. Its rank is at most ``d``. Biases are left out.
 
     Args:
-        w_query: a :class:`~attention.MultiHeadAttention` (then ``w_key`` is None and its
-            per-head matrices are used, grouped key heads repeated for their query heads),
+        w_query: a :class:`~attention.MultiHeadAttention` or ``torch.nn.MultiheadAttention``
+            (then ``w_key`` is None and its per-head matrices are used, grouped key heads
+            repeated for their query heads),
             or the per-head query matrices ``(..., D, d)``: ``q = x @ w_query``.
         w_key: the per-head key matrices ``(..., D_k, d)``: ``k = x @ w_key``.
 
@@ -131,7 +139,8 @@ def ov_circuit(w_value, w_out: Tensor | None = None) -> Tensor:
     left out.
 
     Args:
-        w_value: a :class:`~attention.MultiHeadAttention` (then ``w_out`` is None), or the
+        w_value: a :class:`~attention.MultiHeadAttention` or ``torch.nn.MultiheadAttention``
+            (then ``w_out`` is None), or the
             per-head value matrices ``(..., D_v, d)``: ``v = x @ w_value``.
         w_out: the per-head slices of the output projection ``(..., d, D)``: head ``n``
             writes ``z_n @ w_out[n]``.
@@ -206,7 +215,7 @@ def composition_score(ov_first: Tensor, circuit_second: Tensor, *, kind: str = "
     return norm(ov_first @ second) / (norm(ov_first) * norm(second))
 
 
-def copying_score(circuit: Tensor) -> Tensor:
+def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
     r"""The share of a square circuit's eigenvalues that copies: :math:`\sum_k \lambda_k / \sum_k |\lambda_k|`.
 
     Applied to a head's full OV circuit from tokens to logits,
@@ -216,7 +225,9 @@ def copying_score(circuit: Tensor) -> Tensor:
     The eigenvalues are computed in float64.
 
     Args:
-        circuit: ``(..., V, V)``.
+        circuit: ``(..., V, V)``; or, with ``factors``, the first factor of a product
+            (``copying_score(w_embed, ov, w_unembed)`` scores ``w_embed @ ov @ w_unembed``).
+        factors: further matrices multiplied on the right, in order.
 
     Returns:
         ``(...)`` in ``[-1, 1]``, in the circuit's dtype; NaN for the zero matrix.
@@ -225,6 +236,16 @@ def copying_score(circuit: Tensor) -> Tensor:
         >>> copying_score(torch.eye(3)).item(), copying_score(-torch.eye(3)).item()
         (1.0, -1.0)
     """
+    if factors:
+        for name, t in (("circuit", circuit), *((f"factor {k}", f) for k, f in enumerate(factors))):
+            check_tensor(name, t, floating=True, min_dim=2)
+        for k, f in enumerate(factors):
+            check_same_device(circuit=circuit, factor=f)
+            if f.shape[-2] != circuit.shape[-1]:
+                raise ValueError(
+                    f"factor {k} of shape {tuple(f.shape)} cannot multiply a product of shape "
+                    f"{tuple(circuit.shape)}: its rows must match the product's columns")
+            circuit = circuit @ f
     _check_square("circuit", circuit)
     eig = torch.linalg.eigvals(circuit.double())  # (..., V) complex
     return (eig.real.sum(-1) / eig.abs().sum(-1)).to(circuit.dtype)
