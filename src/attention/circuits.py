@@ -466,8 +466,8 @@ class AttentionOnlyTransformer(nn.Module):
         vocab_size: ``V``.
         embed_dim: ``D``.
         num_heads: ``h`` per layer; must divide ``embed_dim``.
-        num_layers: ``L >= 0`` (0: the bigram model :math:`W_E W_U`).
-        max_len: longest sequence (learned positional embeddings ``W_P``).
+        num_layers: ``L >= 0`` (0: the bigram model :math:`W_E W_U`); default 2.
+        max_len: longest sequence (learned positional embeddings ``W_P``); default 128.
         device, dtype: of the parameters.
 
     Submodules: ``embed`` (``nn.Embedding(V, D)``, :math:`W_E`), ``pos_embed``
@@ -485,8 +485,8 @@ class AttentionOnlyTransformer(nn.Module):
         (torch.Size([2, 3, 2, 8, 8]), torch.Size([2, 3, 2, 8, 16]), 0.0)
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, num_heads: int, num_layers: int,
-                 *, max_len: int, device=None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, vocab_size: int, embed_dim: int, num_heads: int, num_layers: int = 2,
+                 *, max_len: int = 128, device=None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.embed_dim = check_int("embed_dim", embed_dim, minimum=1)
