@@ -60,6 +60,20 @@ def test_circuits_of_a_module_give_its_scores_and_outputs(num_kv_heads):
         assert torch.linalg.matrix_rank(circuit).tolist() == [4, 4, 4, 4]
 
 
+def test_circuits_of_torch_multihead_attention():
+    torch.manual_seed(3)
+    for kwargs in ({}, {"kdim": 6, "vdim": 5}):
+        mha = torch.nn.MultiheadAttention(8, 2, bias=False, batch_first=True, dtype=F64, **kwargs)
+        q = torch.randn(1, 4, 8, dtype=F64)
+        k = torch.randn(1, 5, kwargs.get("kdim", 8), dtype=F64)
+        v = torch.randn(1, 5, kwargs.get("vdim", 8), dtype=F64)
+        out, w = mha(q, k, v, average_attn_weights=False)
+        qk, ov = qk_circuit(mha), ov_circuit(mha)
+        scores = torch.einsum("id,hde,je->hij", q[0], qk, k[0]) / 4**0.5
+        assert_close(scores.softmax(-1), w[0])
+        assert_close(torch.einsum("hij,jD,hDE->iE", w[0], v[0], ov), out[0])
+
+
 def test_circuits_from_matrices():
     g = _gen(1)
     wq, wk = torch.randn(3, 8, 2, generator=g), torch.randn(3, 5, 2, generator=g)
@@ -129,6 +143,10 @@ def test_copying_score_against_eigenvalues_and_trace():
     assert copying_score(torch.eye(3, dtype=torch.float32)).dtype == torch.float32
     with pytest.raises(ValueError, match="circuit must be square"):
         copying_score(torch.ones(2, 3))
+    e, ov, u = (torch.randn(*shape, generator=_gen(4), dtype=F64) for shape in ((5, 3), (3, 3), (3, 5)))
+    assert_close(copying_score(e, ov, u), copying_score(e @ ov @ u))
+    with pytest.raises(ValueError, match="factor 1 of shape"):
+        copying_score(e, ov, torch.ones(4, 5, dtype=F64))
 
 
 # --------------------------------------------------------------------------- scores
@@ -224,7 +242,7 @@ def test_token_scores_per_sequence_batch():
     (lambda: induction_score(torch.ones(4, 4), 0), ValueError, "period must be >= 1"),
     (lambda: induction_score(torch.ones(4, 4), 1.5), TypeError, "period must be an int"),
     (lambda: induction_score(torch.ones(4, 4), torch.tensor([0, 1, 2, 4])), ValueError,
-     r"positions must be -1 \(no target\) or in \[0, 4\)"),
+     r"positions must be -1 \(no induction key\) or in \[0, 4\)"),
     (lambda: induction_score(torch.ones(4, 4), torch.tensor([0.0, 1, 2, 3])), TypeError,
      "positions must be an integer tensor"),
     (lambda: induction_score(torch.ones(4, 4), torch.tensor([0, 1, 2])), ValueError,

@@ -56,9 +56,16 @@ __all__ = [
 # --------------------------------------------------------------------------- circuits
 
 
-def _head_weights(module: MultiHeadAttention) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _head_weights(module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-head ``W_Q, W_K, W_V`` ``(h, D, d)`` and ``W_O`` ``(h, d, D)`` of a module."""
     h, d = module.num_heads, module.head_dim
+    if isinstance(module, nn.MultiheadAttention):
+        if module.in_proj_weight is None:  # separate kdim / vdim projections
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        else:
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3, dim=0)  # each (D, D_in)
+        w_q, w_k, w_v = (w.reshape(h, d, -1).transpose(-2, -1) for w in (w_q, w_k, w_v))
+        return w_q, w_k, w_v, module.out_proj.weight.reshape(-1, h, d).permute(1, 2, 0)
     w_q = module.w_query.weight.reshape(h, d, -1).transpose(-2, -1)  # (h, D, d)
     w_k = module.w_key.weight.reshape(module.num_kv_heads, d, -1).transpose(-2, -1)
     w_v = module.w_value.weight.reshape(module.num_kv_heads, d, -1).transpose(-2, -1)
@@ -71,7 +78,7 @@ def _head_weights(module: MultiHeadAttention) -> tuple[Tensor, Tensor, Tensor, T
 
 def _pair(name: str, first, second, first_name: str, second_name: str) -> tuple[Tensor, Tensor]:
     """Either a MultiHeadAttention (``second`` None) or two per-head matrices."""
-    if isinstance(first, MultiHeadAttention):
+    if isinstance(first, MultiHeadAttention | nn.MultiheadAttention):
         if second is not None:
             raise ValueError(
                 f"{name} takes a MultiHeadAttention alone, or two matrices "
@@ -97,8 +104,9 @@ def qk_circuit(w_query, w_key: Tensor | None = None) -> Tensor:
     :math:`1/\sqrt d`. Its rank is at most ``d``. Biases are left out.
 
     Args:
-        w_query: a :class:`~attention.MultiHeadAttention` (then ``w_key`` is None and its
-            per-head matrices are used, grouped key heads repeated for their query heads),
+        w_query: a :class:`~attention.MultiHeadAttention` or ``torch.nn.MultiheadAttention``
+            (then ``w_key`` is None and its per-head matrices are used, grouped key heads
+            repeated for their query heads),
             or the per-head query matrices ``(..., D, d)``: ``q = x @ w_query``.
         w_key: the per-head key matrices ``(..., D_k, d)``: ``k = x @ w_key``.
 
@@ -131,7 +139,8 @@ def ov_circuit(w_value, w_out: Tensor | None = None) -> Tensor:
     left out.
 
     Args:
-        w_value: a :class:`~attention.MultiHeadAttention` (then ``w_out`` is None), or the
+        w_value: a :class:`~attention.MultiHeadAttention` or ``torch.nn.MultiheadAttention``
+            (then ``w_out`` is None), or the
             per-head value matrices ``(..., D_v, d)``: ``v = x @ w_value``.
         w_out: the per-head slices of the output projection ``(..., d, D)``: head ``n``
             writes ``z_n @ w_out[n]``.
@@ -206,7 +215,7 @@ def composition_score(ov_first: Tensor, circuit_second: Tensor, *, kind: str = "
     return norm(ov_first @ second) / (norm(ov_first) * norm(second))
 
 
-def copying_score(circuit: Tensor) -> Tensor:
+def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
     r"""The share of a square circuit's eigenvalues that copies: :math:`\sum_k \lambda_k / \sum_k |\lambda_k|`.
 
     Applied to a head's full OV circuit from tokens to logits,
@@ -216,7 +225,9 @@ def copying_score(circuit: Tensor) -> Tensor:
     The eigenvalues are computed in float64.
 
     Args:
-        circuit: ``(..., V, V)``.
+        circuit: ``(..., V, V)``; or, with ``factors``, the first factor of a product
+            (``copying_score(w_embed, ov, w_unembed)`` scores ``w_embed @ ov @ w_unembed``).
+        factors: further matrices multiplied on the right, in order.
 
     Returns:
         ``(...)`` in ``[-1, 1]``, in the circuit's dtype; NaN for the zero matrix.
@@ -225,6 +236,16 @@ def copying_score(circuit: Tensor) -> Tensor:
         >>> copying_score(torch.eye(3)).item(), copying_score(-torch.eye(3)).item()
         (1.0, -1.0)
     """
+    if factors:
+        for name, t in (("circuit", circuit), *((f"factor {k}", f) for k, f in enumerate(factors))):
+            check_tensor(name, t, floating=True, min_dim=2)
+        for k, f in enumerate(factors):
+            check_same_device(circuit=circuit, factor=f)
+            if f.shape[-2] != circuit.shape[-1]:
+                raise ValueError(
+                    f"factor {k} of shape {tuple(f.shape)} cannot multiply a product of shape "
+                    f"{tuple(circuit.shape)}: its rows must match the product's columns")
+            circuit = circuit @ f
     _check_square("circuit", circuit)
     eig = torch.linalg.eigvals(circuit.double())  # (..., V) complex
     return (eig.real.sum(-1) / eig.abs().sum(-1)).to(circuit.dtype)
@@ -268,10 +289,10 @@ def _check_integer(name: str, t) -> None:
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
 
 
-def _score(weights: Tensor, targets: Tensor) -> Tensor:
-    """Mean over queries that have a target of the weight on their targets (NaN if none)."""
-    share = (weights * targets).sum(-1)  # (..., i)
-    has = targets.any(-1).to(weights.dtype).expand_as(share)  # (..., i)
+def _score(weights: Tensor, chosen: Tensor) -> Tensor:
+    """Mean over the queries that have chosen keys of the weight on them (NaN if none has)."""
+    share = (weights * chosen).sum(-1)  # (..., i)
+    has = chosen.any(-1).to(weights.dtype).expand_as(share)  # (..., i)
     return (share * has).sum(-1) / has.sum(-1)  # (...)
 
 
@@ -298,18 +319,18 @@ def previous_token_score(weights: Tensor) -> Tensor:
 
 
 def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tensor:
-    r"""The mean weight on the *induction target*: the token after the previous copy.
+    r"""The mean weight on the *induction key*: the position after the previous copy.
 
     With an int period ``p`` the sequence repeats itself after ``p`` tokens
-    (``t_{i} = t_{i-p}`` for ``i >= p``), and query ``i >= p`` has target ``i - p + 1``:
+    (``t_{i} = t_{i-p}`` for ``i >= p``), and query ``i >= p`` has induction key ``i - p + 1``:
     :math:`\frac{1}{n-p}\sum_{i \ge p} A_{i,i-p+1}`. With a tensor of positions, query
-    ``i``'s target is ``positions[..., i]`` (``-1``: no target), which handles a repeat at
-    a different offset in every sequence. The mean runs over the queries that have a
-    target (NaN where none has).
+    ``i``'s induction key is ``positions[..., i]`` (``-1``: none), which handles a repeat at
+    a different offset in every sequence. The mean runs over the queries that have an
+    induction key (NaN where none has).
 
     Args:
         weights: ``(..., n, n)`` self-attention maps, e.g. ``(b, h, n, n)``.
-        period_or_positions: an int ``p`` with ``1 <= p < n``, or integer targets
+        period_or_positions: an int ``p`` with ``1 <= p < n``, or integer induction keys
             ``(n,)`` (shared) or ``(b, n)`` (one row per leading index of ``weights``),
             each ``-1`` or in ``[0, n)``.
 
@@ -328,18 +349,18 @@ def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tenso
         check_same_device(weights=weights, positions=positions)
         positions = _per_sequence("positions", positions, weights)
         if positions.numel() and (positions.min() < -1 or positions.max() >= n):
-            raise ValueError(f"positions must be -1 (no target) or in [0, {n}), got values in "
+            raise ValueError(f"positions must be -1 (no induction key) or in [0, {n}), got values in "
                              f"[{int(positions.min())}, {int(positions.max())}]")
         keys = torch.arange(n, device=weights.device)
-        targets = positions.unsqueeze(-1) == keys  # (..., i, j)
-        return _score(weights, targets)
+        chosen = positions.unsqueeze(-1) == keys  # (..., i, j)
+        return _score(weights, chosen)
     p = check_int("period", period_or_positions, minimum=1)
     if p >= n:
         raise ValueError(f"period must be < n={n} so that some token repeats, got {p}")
     return weights.diagonal(offset=1 - p, dim1=-2, dim2=-1)[..., 1:].mean(-1)  # (...)
 
 
-def _token_targets(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool) -> Tensor:
+def _token_keys(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool) -> Tensor:
     _check_integer("tokens", tokens)
     check_same_device(weights=weights, tokens=tokens)
     check_bool("is_causal", is_causal)
@@ -357,9 +378,9 @@ def _token_targets(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool)
 def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = True) -> Tensor:
     r"""The mean weight on tokens that *follow* an earlier copy of the current token.
 
-    Query ``i`` (token ``t_i``) has targets :math:`\{\, k + 1 : t_k = t_i,\ k < i \,\}`
+    Query ``i`` (token ``t_i``) has the chosen keys :math:`S_i = \{\, k + 1 : t_k = t_i,\ k < i \,\}`
     (with ``is_causal=False``: any :math:`k \ne i`); the score averages
-    :math:`\sum_{j \in \text{targets}} A_{ij}` over the queries that have a target (NaN
+    :math:`\sum_{j \in S_i} A_{ij}` over the queries with a non-empty :math:`S_i` (NaN
     where none has). Olsson et al. (2022) measure it on repeated random tokens; it is the
     attention half of an induction head, read from the tokens rather than from a known
     period (compare :func:`induction_score`).
@@ -368,7 +389,7 @@ def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
         weights: ``(..., n, n)`` self-attention maps, e.g. ``(b, h, n, n)``.
         tokens: integer token ids ``(n,)`` (shared) or ``(b, n)`` (one row per leading
             index of ``weights``).
-        is_causal: targets come from earlier copies only (a causal model); False for an
+        is_causal: the chosen keys come from earlier copies only (a causal model); False for an
             encoder, whose queries see copies on both sides.
 
     Returns:
@@ -380,13 +401,13 @@ def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
         1.0
     """
     _check_maps(weights)
-    return _score(weights, _token_targets(tokens, weights, 1, is_causal))
+    return _score(weights, _token_keys(tokens, weights, 1, is_causal))
 
 
 def duplicate_token_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = True) -> Tensor:
     r"""The mean weight on earlier copies of the current token.
 
-    Query ``i`` has targets :math:`\{\, j : t_j = t_i,\ j < i \,\}` (with
+    Query ``i`` has the chosen keys :math:`S_i = \{\, j : t_j = t_i,\ j < i \,\}` (with
     ``is_causal=False``: any :math:`j \ne i`); the score averages the weight on them over
     the queries that have one (NaN where none has).
 
@@ -404,7 +425,7 @@ def duplicate_token_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
         1.0
     """
     _check_maps(weights)
-    return _score(weights, _token_targets(tokens, weights, 0, is_causal))
+    return _score(weights, _token_keys(tokens, weights, 0, is_causal))
 
 
 # --------------------------------------------------------------------------- the model
@@ -445,8 +466,8 @@ class AttentionOnlyTransformer(nn.Module):
         vocab_size: ``V``.
         embed_dim: ``D``.
         num_heads: ``h`` per layer; must divide ``embed_dim``.
-        num_layers: ``L >= 0`` (0: the bigram model :math:`W_E W_U`).
-        max_len: longest sequence (learned positional embeddings ``W_P``).
+        num_layers: ``L >= 0`` (0: the bigram model :math:`W_E W_U`); default 2.
+        max_len: longest sequence (learned positional embeddings ``W_P``); default 128.
         device, dtype: of the parameters.
 
     Submodules: ``embed`` (``nn.Embedding(V, D)``, :math:`W_E`), ``pos_embed``
@@ -464,8 +485,8 @@ class AttentionOnlyTransformer(nn.Module):
         (torch.Size([2, 3, 2, 8, 8]), torch.Size([2, 3, 2, 8, 16]), 0.0)
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, num_heads: int, num_layers: int,
-                 *, max_len: int, device=None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, vocab_size: int, embed_dim: int, num_heads: int, num_layers: int = 2,
+                 *, max_len: int = 128, device=None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.embed_dim = check_int("embed_dim", embed_dim, minimum=1)
