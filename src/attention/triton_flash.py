@@ -231,8 +231,15 @@ def _flash_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, num_queries, num_keys, head_
 
 
 # ----------------------------------------------------------------------------- launch
-INTERPRETED = isinstance(_flash_forward, InterpretedFunction)
+INTERPRETED = isinstance(tl.sum, InterpretedFunction)
 """True when the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+if isinstance(_flash_forward, InterpretedFunction) != INTERPRETED:  # pragma: no cover
+    raise ImportError(
+        "Triton was first imported with another TRITON_INTERPRET setting than this module's "
+        "kernels see: its own library functions are compiled and these kernels interpreted, "
+        "or the reverse. Set TRITON_INTERPRET=1 (on a machine without CUDA) before anything "
+        "imports triton, e.g. at the top of the script or in the shell, and restart."
+    )
 
 
 def _kernel(kernel, device: torch.device):
