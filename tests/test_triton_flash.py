@@ -6,7 +6,8 @@ the interpreter executes every program of the grid in Python.
 
 Tolerances (float32, unit-normal inputs): outputs, log-sum-exp and gradients agree with
 torch's SDPA and with ``tiled_attention`` within 2e-5 + 1e-5·|expected| (both sides are
-float32 computations that sum in different orders). In float16 the rule is flash-attn's:
+float32 computations that sum in different orders); gradients, which reach about 20 here,
+within 1e-4 + 1e-5·|expected|. In float16 the rule is flash-attn's:
 the error against a float32 reference is at most twice that of torch's own float16 SDPA.
 """
 
@@ -23,6 +24,7 @@ from attention import tiled_attention  # noqa: E402
 from attention.triton_flash import INTERPRETED, flash_attention_triton  # noqa: E402
 
 ATOL, RTOL = 2e-5, 1e-5
+GRAD_ATOL = 1e-4
 DEVICE = "cpu" if INTERPRETED else "cuda"
 
 # (b, h, i, j, d): lengths not multiples of the block (16 on the interpreter), i != j both
@@ -57,7 +59,7 @@ def test_output_and_gradients_equal_torch_sdpa(shape, is_causal):
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
     for got, want in zip(_grads(out, (q, k, v)), _grads(ref, (q, k, v))):
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(got, want, atol=GRAD_ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -73,7 +75,7 @@ def test_output_lse_and_gradients_equal_tiled_attention(shape, is_causal):
     got = torch.autograd.grad(loss(out, lse), (q, k, v))
     want = torch.autograd.grad(loss(ref, ref_lse), (q, k, v))
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(a, b, atol=GRAD_ATOL, rtol=RTOL)
 
 
 def test_lse_is_the_log_sum_exp_of_the_scaled_scores():
