@@ -23,17 +23,20 @@ for out, dq, dk, dv, and whether the rule holds), and ``time_ms`` (per contender
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import statistics
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from _common import save_results, set_omp_wait_policy  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent.parent / "src" / "attention" / "benchmark_results"
+# The timed work runs on the GPU; OpenMP's default policy is recorded in the JSON.
+POLICY = set_omp_wait_policy("default")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
 B, H, D = 4, 16, 64
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 WARMUP, REPEAT = 5, 21
@@ -125,16 +128,14 @@ def main() -> None:
     data = {
         "stamp": {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
                   "torch": torch.__version__, "triton": triton.__version__,
-                  "date": _dt.date.today().isoformat(), "warmup": WARMUP, "repeat": REPEAT},
+                  "date": _dt.date.today().isoformat(), "warmup": WARMUP, "repeat": REPEAT,
+                  "omp_wait_policy": POLICY},
         "config": {"b": B, "h": H, "d": D, "dtype": str(dtype), "causal": causal},
         "n": LENGTHS,
         "error": errors,
         "time_ms": times,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "triton_flash.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print("saved", path)
+    print("saved", save_results("triton_flash", data))
 
 
 if __name__ == "__main__":

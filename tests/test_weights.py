@@ -243,6 +243,54 @@ def test_differential_module_equals_its_formula_and_is_causal():
     torch.testing.assert_close(layer(x2, is_causal=True)[0][:, :-1], out[:, :-1], atol=1e-12, rtol=0)
 
 
+def _diffllama_from(layer, layer_index):
+    """Hugging Face's DiffLlamaAttention holding ``layer``'s weights, heads re-ordered.
+
+    Our query/key rows are (head n, map p) in the order n·2 + p; DiffLlama's 2h softmax heads
+    put map 1 in the first h and map 2 in the last h (head p·h + n). Our value of head n (2d
+    channels) is DiffLlama's value heads n and n + h side by side.
+    """
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    h, d = layer.num_heads, layer.head_dim
+    config = transformers.DiffLlamaConfig(
+        hidden_size=2 * h * d, num_attention_heads=2 * h, num_key_value_heads=2 * h,
+        rms_norm_eps=1e-6, attention_bias=False, attention_dropout=0.0)
+    config._attn_implementation = "eager"
+    hf = DiffLlamaAttention(config, layer_idx=layer_index - 1).double()
+    qk_order = [(2 * n + p) for p in range(2) for n in range(h)]        # HF head -> our block
+    v_order = [2 * n + half for half in range(2) for n in range(h)]
+    blocks = lambda w, order: torch.cat([w.view(-1, d, w.shape[-1])[o] for o in order])
+    with torch.no_grad():
+        hf.q_proj.weight.copy_(blocks(layer.w_query.weight, qk_order))
+        hf.k_proj.weight.copy_(blocks(layer.w_key.weight, qk_order))
+        hf.v_proj.weight.copy_(blocks(layer.w_value.weight, v_order))
+        hf.o_proj.weight.copy_(layer.w_out.weight)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(hf, name).copy_(getattr(layer, name))
+    return hf
+
+
+@pytest.mark.parametrize("num_heads, layer_index", [(1, 1), (2, 3), (3, 6)])
+def test_differential_module_equals_hugging_face_diffllama_without_rope(num_heads, layer_index):
+    torch.manual_seed(1)
+    layer = DifferentialAttention(8 * num_heads, num_heads, layer_index=layer_index).double()
+    hf = _diffllama_from(layer, layer_index)
+    assert hf.lambda_init == pytest.approx(layer.lambda_init)
+    b, n = 2, 6
+    x = torch.randn(b, n, 8 * num_heads, dtype=torch.float64)
+    no_rotation = (torch.ones(b, n, 4, dtype=torch.float64), torch.zeros(b, n, 4, dtype=torch.float64))
+    causal = torch.zeros(n, n, dtype=torch.float64).masked_fill(
+        torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)[None, None]
+    ours, _ = layer(x, is_causal=True)
+    theirs, _ = hf(x, position_embeddings=no_rotation, attention_mask=causal)
+    # DiffLlama computes lambda's exponentials in float32, hence 1e-6 and not 1e-12
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+    assert not torch.allclose(ours, hf(x, position_embeddings=no_rotation, attention_mask=None)[0],
+                              atol=1e-3)      # the comparison sees the mask
+
+
 def test_differential_refuses_bad_input():
     q1, k1, v = _qkv()
     with pytest.raises(ValueError, match="query2 must have the shape"):

@@ -17,7 +17,10 @@ the rest of the package never imports it. It is the algorithm of :func:`attentio
 * the **backward** pass precomputes :math:`D_i = \sum_e dO_{ie} O_{ie}`, then one kernel
   walks the query blocks for each key block to accumulate ``dK`` and ``dV`` (no two
   programs write the same rows), and a second kernel walks the key blocks for each query
-  block to accumulate ``dQ``: the split FlashAttention-2 uses to avoid atomic adds.
+  block to accumulate ``dQ``. The FlashAttention-2 paper's CUDA kernel instead adds each
+  key block's share of ``dQ`` into memory with atomic adds; the separate ``dQ`` pass, as in
+  Triton's fused-attention tutorial, recomputes ``P`` once more but needs no atomics, and
+  its result does not depend on the order in which programs finish.
 
 On CUDA tensors the kernels are compiled; on CPU tensors they run under Triton's
 interpreter (what ``TRITON_INTERPRET=1`` selects), which executes the same program with
@@ -102,6 +105,7 @@ def _flash_forward(Q, K, V, Out, LSE, num_queries, num_keys, head_dim, qk_scale,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if IS_CAUSAL:
+        # (BLOCK_M == BLOCK_N: the launcher passes one block size, so the diagonal is one block)
         # 1. key blocks wholly below the diagonal: every query of the block sees every key
         below = tl.minimum(start_m * BLOCK_M, num_keys)
         for start_n in range(0, below, BLOCK_N):

@@ -342,11 +342,15 @@ class DifferentialAttention(nn.Module):
     r"""Multi-head differential self-attention, as in the Differential Transformer.
 
     Each head has two query/key pairs of size ``d = embed_dim / (2 h)`` and one value of
-    size ``2d``; its output is normalised (RMS, per head, no learned scale) and multiplied
-    by :math:`1 - \lambda_\text{init}`, and the heads are concatenated and projected. The
-    learned :math:`\lambda` is re-parametrised as
+    size ``2d``; its output is normalised (RMS over its ``2d`` channels, per head) and
+    multiplied by :math:`1 - \lambda_\text{init}`, and the heads are concatenated and
+    projected. The learned :math:`\lambda` is re-parametrised as
     :math:`e^{\lambda_{q1} \cdot \lambda_{k1}} - e^{\lambda_{q2} \cdot \lambda_{k2}} +
-    \lambda_\text{init}` :cite:`ye2024differential`.
+    \lambda_\text{init}`, one scalar shared by the layer's heads :cite:`ye2024differential`.
+    The per-head norm has no learned scale, as in Hugging Face's ``DiffLlamaAttention``
+    (which this layer equals, without rotary embeddings, once the heads are re-ordered; the
+    tests check it); the paper's reference code gives it one, initialised to ones, so the two
+    agree at initialisation.
 
     Args:
         embed_dim: model size; a multiple of ``2 * num_heads``.
@@ -423,8 +427,12 @@ class RefinedSelfAttention(nn.Module):
     attention, among the queries, compares rows and mixes them, so a query can borrow the
     weight pattern of queries whose patterns resemble its own (a higher-order relation
     between positions). With :math:`R` that second, causal, row-stochastic map, the refined
-    weights :math:`RA` are again causal and row-stochastic. Four mechanisms, after the
-    paper's four, differ in what :math:`R` compares and how the result is used:
+    weights :math:`RA` are again causal and row-stochastic. The paper names four
+    mechanisms (simple, value-weighted and additive refinement for dot-product
+    self-attention as in SASRec, and a stochastic one for the Wasserstein self-attention of
+    STOSA) and describes them as mapping the attention weights into a new space with
+    learnable matrices and attending there. The equations below are this module's reading
+    of that description, not the paper's own:
 
     * ``"simple"``: :math:`R = \operatorname{softmax}\big((A W_1)(A W_2)^\top/\sqrt r\big)`,
       weights :math:`RA`;
@@ -437,9 +445,8 @@ class RefinedSelfAttention(nn.Module):
       2-Wasserstein distances between them, as in stochastic self-attention;
     * ``"none"``: plain attention, for comparison.
 
-    The paper's exact parametrisation differs in detail (it works inside SASRec and STOSA
-    recommenders); this module implements the shared idea for one head, with causal
-    masks, for position-wise tasks.
+    The module is one causal head for position-wise tasks; it does not reproduce the
+    paper's recommenders (SASRec and STOSA, with their losses and item sampling).
 
     Args:
         embed_dim: model size ``d`` (queries, keys and values keep it).
