@@ -126,7 +126,7 @@ def _record_forward_tiles(i, j, block, is_causal):
     visits, original = [], triton_flash._forward_block
 
     def recording(*args):
-        start_n, mask_causal = args[8], args[13]
+        start_n, mask_causal = args[9], args[14]
         visits.append((as_int(tl.program_id(0)), as_int(start_n) // block, bool(mask_causal)))
         return original(*args)
 

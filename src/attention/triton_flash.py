@@ -64,13 +64,14 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # ---------------------------------------------------------------------------- forward
 @triton.jit
-def _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, start_n, num_keys,
-                   stride_kn, stride_vn, qk_scale, MASK_CAUSAL: tl.constexpr,
+def _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in, start_n,
+                   num_keys, stride_kn, stride_vn, qk_scale, MASK_CAUSAL: tl.constexpr,
                    BLOCK_N: tl.constexpr):
     """One step of the online softmax: fold one key/value block into the running state."""
     keys_in = (start_n + offs_n) < num_keys
-    k = tl.load(k_ptrs + start_n * stride_kn, mask=keys_in[:, None], other=0.0)
-    v = tl.load(v_ptrs + start_n * stride_vn, mask=keys_in[:, None], other=0.0)
+    inside = keys_in[:, None] & dims_in[None, :]       # rows past j, columns past d: not read
+    k = tl.load(k_ptrs + start_n * stride_kn, mask=inside, other=0.0)
+    v = tl.load(v_ptrs + start_n * stride_vn, mask=inside, other=0.0)
     qk = tl.dot(q, tl.trans(k)) * qk_scale              # (BLOCK_M, BLOCK_N), in log2 units
     visible = keys_in[None, :]
     if MASK_CAUSAL:
@@ -109,18 +110,18 @@ def _flash_forward(Q, K, V, Out, LSE, num_queries, num_keys, head_dim, qk_scale,
         # 1. key blocks wholly below the diagonal: every query of the block sees every key
         below = tl.minimum(start_m * BLOCK_M, num_keys)
         for start_n in range(0, below, BLOCK_N):
-            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n,
+            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
                                            start_n, num_keys, stride_kn, stride_vn, qk_scale,
                                            False, BLOCK_N)
         # 2. the diagonal block(s): the causal mask is applied only here
         diagonal_end = tl.minimum((start_m + 1) * BLOCK_M, num_keys)
         for start_n in range(below, diagonal_end, BLOCK_N):
-            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n,
+            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
                                            start_n, num_keys, stride_kn, stride_vn, qk_scale,
                                            True, BLOCK_N)
     else:
         for start_n in range(0, num_keys, BLOCK_N):
-            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n,
+            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
                                            start_n, num_keys, stride_kn, stride_vn, qk_scale,
                                            False, BLOCK_N)
     acc = acc / l_i[:, None]                            # the one division, at the end
