@@ -291,6 +291,30 @@ def interleaved_samples(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT,
     return times
 
 
+def interleaved_clocks(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT) -> tuple[dict, dict]:
+    """Every timed sample on two clocks at once, run round-robin after ``warmup`` rounds.
+
+    Returns ``(wall, cpu)``, each ``{name: [seconds, ...]}``: ``time.perf_counter`` and
+    ``time.thread_time`` (with one thread, the CPU time of the one compute thread, which a
+    busy neighbour process does not inflate).
+    """
+    import torch
+
+    wall = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
+    with torch.inference_mode():
+        for _ in range(warmup):
+            for fn in fns.values():
+                fn()
+        for _ in range(repeat):
+            for name, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                cpu[name].append(time.thread_time() - c0)
+                wall[name].append(time.perf_counter() - t0)
+    return wall, cpu
+
+
 def interleaved_stats(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT) -> dict:
     """Median and quartiles of several contenders, run round-robin: ``{name: quartiles}``."""
     return {name: quartiles(ts) for name, ts in interleaved_samples(fns, warmup=warmup, repeat=repeat).items()}

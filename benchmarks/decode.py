@@ -42,7 +42,6 @@ Run: ``.venv/bin/python benchmarks/decode.py`` (about a minute on a quiet machin
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +50,7 @@ from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
 OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
-from _common import THREADS, begin, finish, quartiles, separated  # noqa: E402
+from _common import THREADS, begin, finish, interleaved_clocks, quartiles, separated  # noqa: E402
 
 from attention import MultiHeadAttention, MultiHeadLatentAttention  # noqa: E402
 
@@ -61,20 +60,9 @@ CONTEXTS = [128, 256, 512, 1024, 2048]
 WARMUP, REPEAT = 1, 15
 
 
-def interleaved_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
+def quartile_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
     """Wall and thread-CPU quartiles (``_common.quartiles``) of each contender, run round-robin."""
-    wall = {name: [] for name in fns}
-    cpu = {name: [] for name in fns}
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        for _ in range(repeat):
-            for name, fn in fns.items():
-                t0, c0 = time.perf_counter(), time.thread_time()
-                fn()
-                cpu[name].append(time.thread_time() - c0)
-                wall[name].append(time.perf_counter() - t0)
+    wall, cpu = interleaved_clocks(fns, warmup=warmup, repeat=repeat)
     return ({n: quartiles(t) for n, t in wall.items()}, {n: quartiles(t) for n, t in cpu.items()})
 
 
@@ -131,7 +119,7 @@ def main() -> None:
                 if name.startswith(family):
                     diff = float((out - ref).abs().max())
                     assert diff < 1e-4, f"L={length}: {name} differs from no-cache by {diff}"
-        wall, cpu = interleaved_clocks(fns, warmup=WARMUP, repeat=repeat)
+        wall, cpu = quartile_clocks(fns, warmup=WARMUP, repeat=repeat)
         cpu_stats[length], wall_stats[length] = cpu, wall
         times = {name: st["median"] for name, st in cpu.items()}
         results[length], wall_results[length] = times, {name: st["median"] for name, st in wall.items()}

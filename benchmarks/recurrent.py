@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +46,7 @@ from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
 OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch  # noqa: E402
-from _common import THREADS, begin, finish, peak_memory_mib  # noqa: E402
+from _common import THREADS, begin, finish, interleaved_clocks, peak_memory_mib  # noqa: E402
 
 from attention import (  # noqa: E402
     delta_rule_attention,
@@ -158,23 +157,6 @@ def check_steps() -> None:
     assert torch.allclose(last[..., 0, :], full[..., -1, :], atol=1e-10)
 
 
-def interleaved_samples(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
-    """Every repeat's wall and thread-CPU seconds of each contender, run round-robin."""
-    wall = {name: [] for name in fns}
-    cpu = {name: [] for name in fns}
-    with torch.inference_mode():
-        for _ in range(warmup):
-            for fn in fns.values():
-                fn()
-        for _ in range(repeat):
-            for name, fn in fns.items():
-                t0, c0 = time.perf_counter(), time.thread_time()
-                fn()
-                cpu[name].append(time.thread_time() - c0)
-                wall[name].append(time.perf_counter() - t0)
-    return wall, cpu
-
-
 def summary(samples: list[float]) -> dict:
     """Median and interquartile range of one contender's samples."""
     q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
@@ -192,7 +174,7 @@ def main() -> None:
             for name in NAMES}
     cpu_stats, wall_stats = {}, {}
     for n in contexts:
-        wall, cpu = interleaved_samples({name: MAKERS[name](n) for name in NAMES},
+        wall, cpu = interleaved_clocks({name: MAKERS[name](n) for name in NAMES},
                                         warmup=warmup, repeat=repeat)
         cpu_stats[str(n)] = {name: summary(s) for name, s in cpu.items()}
         wall_stats[str(n)] = {name: summary(s) for name, s in wall.items()}
