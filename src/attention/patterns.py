@@ -18,9 +18,9 @@ flash-attn's ``window_size=(left, right)`` (which writes ``-1`` for unbounded). 
 Face's ``sliding_window=w`` counts the query itself: its causal sliding window is
 ``window=(w - 1, 0)`` here, and its bidirectional one (``|p - k| <= w``) is ``window=w``.
 Published window sizes follow different conventions: gpt-oss's reference code masks
-``p - k >= 128``, so its window of 128 keeps 128 keys, ``window=(127, 0)`` here; Mistral
-7B v0.1's reference code keeps ``p - k <= 4096``, ``window=(4096, 0)``, while Hugging
-Face's ``sliding_window=4096`` for the same model keeps 4096 keys, ``window=(4095, 0)``.
+``p - k >= 128``, so its window of 128 keeps 128 keys, ``window=(127, 0)`` here; Hugging
+Face's ``sliding_window=4096`` for Mistral 7B v0.1 keeps 4096 keys, ``window=(4095, 0)``.
+Before converting another model's number, read how its own masking code counts.
 With ``i != j`` the queries are the last ``i`` of the ``j`` positions (bottom-right
 alignment, as in decoding with a cache): query ``a`` sits at position ``p = a + j - i``.
 """
