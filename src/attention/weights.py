@@ -349,8 +349,7 @@ class DifferentialAttention(nn.Module):
     \lambda_\text{init}`, one scalar shared by the layer's heads :cite:`ye2024differential`.
     The per-head norm has no learned scale, as in Hugging Face's ``DiffLlamaAttention``
     (which this layer equals, without rotary embeddings, once the heads are re-ordered; the
-    tests check it); the paper's reference code gives it one, initialised to ones, so the two
-    agree at initialisation.
+    tests check it); a learned scale initialised at one would start out identical.
 
     Args:
         embed_dim: model size; a multiple of ``2 * num_heads``.
