@@ -6,14 +6,15 @@
 #   COURSE_TORCH_NEXT_VENV   where it lives (default .venv/torch-next: inside the main
 #                            environment's folder, so git, the book build and pytest skip it)
 #
-# The environment is rebuilt only when the lock or pyproject.toml changed since it was made.
+# The environment is rebuilt only when the lock or pyproject.toml changed since it was made,
+# or the checkout moved (the package is installed editable, from this folder).
 # PyTorch from the registry is a CUDA build (it runs on the CPU here): about 5.5 GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 LOCK=requirements/ci-lock-torch-next.txt
 venv=${COURSE_TORCH_NEXT_VENV:-.venv/torch-next}
-stamp=$(cat "$LOCK" pyproject.toml | sha256sum | cut -c1-16)
+stamp=$( (cat "$LOCK" pyproject.toml; pwd) | sha256sum | cut -c1-16)  # a moved checkout rebuilds: the install is editable
 if [ -f "$venv/.installed" ] && [ "$(cat "$venv/.installed")" = "$stamp" ]; then
   echo "$venv"
   exit 0
