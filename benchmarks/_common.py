@@ -46,8 +46,9 @@ Keys the protocol adds to every result (beside the script's own):
 
 * ``stamp``: ``cpu``, ``cores``, ``threads`` (time), ``memory_threads``, ``omp_wait_policy``,
   ``torch``, ``python``, ``date`` (ISO day, as before), ``datetime`` (UTC, to the minute),
-  ``load_1min_before``, ``load_1min_after``, ``load_own_allowance``, ``quiet``, ``repeat``
-  (timed repeats per contender, at least), ``quick`` (true only for smoke runs);
+  ``load_average`` (the 1-minute load, [before, after]), ``load_1min_before``,
+  ``load_1min_after``, ``load_own_allowance``, ``quiet``, ``repeat`` (timed repeats per
+  contender, at least), ``quick`` (true only for smoke runs);
 * ``quiet``: true when neither load reading was above the core count.
 
 Options of every script: ``--allow-loaded`` (measure and save on a loaded machine, marked
@@ -239,7 +240,8 @@ def finish(run: Run, data: dict, *, threads: int = THREADS, repeat: int = MIN_RE
               file=sys.stderr)
         raise SystemExit(3)
     st = stamp(threads)
-    st.update({"load_1min_before": run.load_before, "load_1min_after": after,
+    st.update({"load_average": [run.load_before, after],  # 1-minute load: [before, after]
+               "load_1min_before": run.load_before, "load_1min_after": after,
                "load_own_allowance": [run.allowance_before, own_load], "quiet": quiet,
                "repeat": repeat, "quick": run.quick})
     data = {"stamp": st, "quiet": quiet, **{k: v for k, v in data.items() if k != "stamp"}}
