@@ -6,7 +6,7 @@ scores and zeroes everything outside the window (clear, differentiable, but O(S)
 query); the claim "O(D) per query" holds for a form that computes only the window's
 scores. Both are timed here, with global soft attention for scale:
 
-* ``local_dense``: scores ``q K^T`` for all S positions, ``attention.alignment.local_alignment``,
+* ``local_dense``: scores ``q K^T`` for all S positions, ``attention.layers.alignment.local_alignment``,
   weights @ values: O(S) per query;
 * ``local_gathered``: the window's keys and values gathered per query
   (``2D + 1`` rows from ``ceil(p - D)``), scores, softmax over the window, the Gaussian
@@ -15,7 +15,7 @@ scores. Both are timed here, with global soft attention for scale:
 * ``global``: softmax over all S positions (``torch.nn.functional.scaled_dot_product_attention``
   with scale 1, Luong's dot score).
 
-Batch 16, 32 queries, d = e = 128, fp32, centres from ``attention.alignment.local_centre``
+Batch 16, 32 queries, d = e = 128, fp32, centres from ``attention.layers.alignment.local_centre``
 (fixed random predictor), under the protocol of ``_common`` (one thread, passive OpenMP
 waiting, contenders interleaved, >= 7 repeats after warm-up, median and quartiles).
 Two sweeps: S = 256 ... 16384 at D = 8, and D = 2 ... 128 at S = 4096.
@@ -42,7 +42,7 @@ OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
 import torch  # noqa: E402
 from _common import MIN_REPEAT, THREADS, begin, finish, interleaved_stats, log_slope  # noqa: E402
 
-from attention.alignment import local_alignment, local_centre  # noqa: E402
+from attention.layers.alignment import local_alignment, local_centre  # noqa: E402
 
 BATCH, QUERIES, DIM, HIDDEN = 16, 32, 128, 64
 S_SWEEP, D_FIXED = [256, 1024, 4096, 16384], 8

@@ -77,7 +77,7 @@ def make_lsh(n: int):
 def make_linformer(n: int):
     """Zero-argument callable: Linformer attention with fixed (k, n) projections."""
     from attention import linformer_attention
-    from attention.approximate import linformer_projection
+    from attention.efficient.approximate import linformer_projection
 
     q, k, v = _inputs(n)
     proj = linformer_projection(n, RANK, generator=torch.Generator().manual_seed(1))

@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _common import begin, finish, quartiles  # noqa: E402
 
-from attention.distributed import ring_attention, run_distributed, shard_sequence  # noqa: E402
+from attention.efficient.distributed import ring_attention, run_distributed, shard_sequence  # noqa: E402
 
 N = int(os.environ.get("RING_BENCH_N", "4096"))  # --quick sets 512 for the spawned ranks
 HEADS, DIM, BLOCK = 4, 64, 256

@@ -97,10 +97,10 @@ def tiled_autograd(q, k, v, block_size=BLOCK):
 class _StoredP(torch.autograd.Function):
     """Tiled attention (non-causal, no mask) whose backward reads the stored weights P.
 
-    The forward is the online-softmax recurrence of ``attention.tiled``; it keeps each
+    The forward is the online-softmax recurrence of ``attention.efficient.tiled``; it keeps each
     exponentiated tile ``exp(S_j - m_j)`` and its running max ``m_j``, and at the end
     rescales them in place to ``P_j = exp(S_j - lse)`` (one multiply by a per-row factor:
-    no second pass of exponentials). The backward is ``attention.tiled``'s, minus the
+    no second pass of exponentials). The backward is ``attention.efficient.tiled``'s, minus the
     recomputation of ``S_j = Q K_j^T s`` and ``exp``.
     """
 
@@ -116,7 +116,7 @@ class _StoredP(torch.autograd.Function):
             s = (q @ k[..., j0 : j0 + block_size, :].transpose(-2, -1)).mul_(scale)  # (b, h, N, blk)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             alpha = torch.exp(m - m_new)
-            p = s.sub_(m_new).exp_()  # in place, as attention.tiled does
+            p = s.sub_(m_new).exp_()  # in place, as attention.efficient.tiled does
             l = l * alpha + p.sum(dim=-1, keepdim=True)  # noqa: E741
             acc = acc * alpha + p @ v[..., j0 : j0 + block_size, :]
             m = m_new

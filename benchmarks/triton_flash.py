@@ -94,7 +94,7 @@ def main() -> None:
                  "under Triton's interpreter, which is for correctness, not speed")
     import triton
 
-    from attention.triton_flash import flash_attention_triton
+    from attention.efficient.triton_flash import flash_attention_triton
 
     causal, dtype = True, torch.float16
     errors = {str(dt).removeprefix("torch."): {n: _errors(flash_attention_triton, n, dt, causal)

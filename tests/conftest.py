@@ -14,7 +14,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "course"))
 torch.set_num_threads(1)
-# The Triton kernels (attention.triton_flash, an optional extra) run on a CPU only under
+# The Triton kernels (attention.efficient.triton_flash, an optional extra) run on a CPU only under
 # Triton's interpreter, which must be chosen before anything imports triton: some tests
 # import it indirectly (through torch) before tests/test_triton_flash.py runs.
 if not torch.cuda.is_available():

@@ -1,16 +1,16 @@
-"""Tests for attention.additive: Bahdanau's AdditiveAttention and the multi-dimensional
+"""Tests for attention.layers.additive: Bahdanau's AdditiveAttention and the multi-dimensional
 (feature-wise) attention, against manual formulas, einsum and autograd; bad input."""
 
 import pytest
 import torch
 
 from attention import AdditiveAttention, MultiDimensionalAttention
-from attention.additive import (
+from attention.layers.additive import (
     multidimensional_attention,
     multidimensional_scores,
     multidimensional_weights,
 )
-from attention.alignment import soft_alignment
+from attention.layers.alignment import soft_alignment
 
 D64 = torch.float64
 

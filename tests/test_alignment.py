@@ -1,4 +1,4 @@
-"""Tests for attention.alignment: soft, hard, local and multi-dimensional alignment."""
+"""Tests for attention.layers.alignment: soft, hard, local and multi-dimensional alignment."""
 
 import math
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import LocalAlignment, hard_attention
-from attention.alignment import (
+from attention.layers.alignment import (
     hard_alignment,
     local_alignment,
     local_centre,

@@ -1,4 +1,4 @@
-"""Tests for attention/approximate.py: LSH (Reformer) and Linformer attention.
+"""Tests for attention/efficient/approximate.py: LSH (Reformer) and Linformer attention.
 
 Each is checked against full attention in its limit, and LSH against a naive loop that
 follows the documented recipe step by step.
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import linformer_attention, lsh_attention, scaled_dot_product_attention
-from attention.approximate import linformer_projection, lsh_buckets
+from attention.efficient.approximate import linformer_projection, lsh_buckets
 
 normalize = torch.nn.functional.normalize
 

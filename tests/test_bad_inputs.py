@@ -38,18 +38,18 @@ from attention import (
     soft_cap,
     tiled_attention,
 )
-from attention.alignment import local_alignment, local_window
-from attention.approximate import lsh_buckets
-from attention.distributed import shard_sequence, unshard_sequence
-from attention.pretrained import (
+from attention.efficient.approximate import lsh_buckets
+from attention.efficient.distributed import shard_sequence, unshard_sequence
+from attention.layers.alignment import local_alignment, local_window
+from attention.layers.scoring import cosine_scores
+from attention.layers.seq2seq import TinySeq2Seq, encoder_decoder_masks, train_seq2seq
+from attention.practice.pretrained import (
     minilm_attention_layer,
     minilm_attention_weights,
     token_position,
     trace_attention,
 )
-from attention.scoring import cosine_scores
-from attention.seq2seq import TinySeq2Seq, encoder_decoder_masks, train_seq2seq
-from attention.sinks import sink_attention_weights, streaming_mask
+from attention.practice.sinks import sink_attention_weights, streaming_mask
 
 NAN = math.nan
 X = torch.randn(2, 3, 4, 8)

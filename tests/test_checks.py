@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import _checks, _core, additive, alignment, scaled_dot_product
+from attention import _checks, _core
 from attention._checks import (
     check_bool,
     check_choice,
@@ -21,6 +21,8 @@ from attention._checks import (
     check_size,
     validate_attention,
 )
+from attention.foundations import scaled_dot_product
+from attention.layers import additive, alignment
 
 f64 = torch.float64
 T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)  # noqa: E731

@@ -1,4 +1,4 @@
-"""Tests for attention.circuits: circuits against the heads they factor (float64), scores
+"""Tests for attention.reading.circuits: circuits against the heads they factor (float64), scores
 against naive loops over queries and keys, the attention-only model against the package's
 MultiHeadAttention and autograd, and one test per bad input."""
 
@@ -23,7 +23,7 @@ from attention import (
     qk_circuit,
     split_heads,
 )
-from attention.circuits import AttentionOnlyTrace, composition_score, duplicate_token_score
+from attention.reading.circuits import AttentionOnlyTrace, composition_score, duplicate_token_score
 
 F64 = torch.float64
 

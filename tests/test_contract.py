@@ -31,7 +31,7 @@ from attention import (
     sliding_window_attention,
     tiled_attention,
 )
-from attention.linear import linear_attention_naive
+from attention.efficient.linear import linear_attention_naive
 from conftest import qkv
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""Tests of attention/cross_attention.py against the manual formulas and torch's SDPA."""
+"""Tests of attention/layers/cross_attention.py against the manual formulas and torch's SDPA."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Tests for attention/delta_rule.py: the recurrence and the chunkwise WY/UT form against an
+"""Tests for attention/efficient/delta_rule.py: the recurrence and the chunkwise WY/UT form against an
 independent reference re-derived from flash-linear-attention's naive recurrent rules, float64
 gradients, state chaining and the boundary checks."""
 

@@ -1,4 +1,4 @@
-"""Tests for attention/distributed.py: ring attention over gloo equals SDPA, forward and backward.
+"""Tests for attention/efficient/distributed.py: ring attention over gloo equals SDPA, forward and backward.
 
 Starting processes costs seconds (each imports torch), so the multi-process checks are
 grouped: one 4-process run computes every configuration (4 ranks, and 2 ranks through two
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attention._launch import _fail, _sleep
-from attention.distributed import (
+from attention.efficient._launch import _fail, _sleep
+from attention.efficient.distributed import (
     ring_attention,
     ring_forward_backward,
     ring_schedule,

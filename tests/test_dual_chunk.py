@@ -1,4 +1,4 @@
-"""Tests for attention.dual_chunk: Dual Chunk Attention equals its dense masked form (three
+"""Tests for attention.layers.dual_chunk: Dual Chunk Attention equals its dense masked form (three
 full score matrices, one per query position set, picked by the chunk relation), is plain
 causal RoPE attention up to s + w + 1 tokens, never uses a distance above s + w, and
 refuses bad input."""

@@ -1,4 +1,4 @@
-"""Tests for attention.example: the running example against the model's own outputs.
+"""Tests for attention.course.example: the running example against the model's own outputs.
 
 The token embeddings are checked against the tokenizer and the embedding table, the layer
 inputs against a separate ``transformers`` forward pass, and ``qkv`` against the model's
@@ -17,8 +17,8 @@ import torch
 from torch.testing import assert_close
 
 from attention import running_example
-from attention.example import RUNNING_SENTENCE, RunningExample
-from attention.pretrained import minilm_model_dir
+from attention.course.example import RUNNING_SENTENCE, RunningExample
+from attention.practice.pretrained import minilm_model_dir
 
 ATOL = dict(atol=1e-5, rtol=0.0)
 WORDS = "the animal didn ' t cross the street because it was too tired".split()

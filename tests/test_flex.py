@@ -16,8 +16,8 @@ from attention import (
     scaled_dot_product_attention,
     sliding_window_mask,
 )
-from attention.logits import softcap_attention
-from attention.sinks import attention_with_sinks, streaming_mask
+from attention.practice.logits import softcap_attention
+from attention.practice.sinks import attention_with_sinks, streaming_mask
 from conftest import qkv
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

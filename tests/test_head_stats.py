@@ -1,4 +1,4 @@
-"""Tests for attention.head_stats: every statistic against a loop, its extremes, and the
+"""Tests for attention.practice.head_stats: every statistic against a loop, its extremes, and the
 boundary checks (NaN propagates, positions must be ints in range)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from attention import attention_share, head_diversity, mean_attention_entropy, sink_share
-from attention.head_stats import head_distances, top_heads
+from attention.practice.head_stats import head_distances, top_heads
 
 
 def test_attention_share_against_a_loop():

@@ -1,4 +1,4 @@
-"""Tests for attention.kv_cache and MultiHeadAttention's incremental decoding: prefill plus
+"""Tests for attention.layers.kv_cache and MultiHeadAttention's incremental decoding: prefill plus
 one-token steps equal full causal recomputation; bytes per token; cache misuse."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from attention import (
     causal_mask,
     padding_mask,
 )
-from attention.kv_cache import kv_cache_bytes_per_token
+from attention.layers.kv_cache import kv_cache_bytes_per_token
 
 DT = torch.float64
 

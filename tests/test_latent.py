@@ -6,7 +6,7 @@ from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
 from attention import RotaryConfig
-from attention.latent import LatentKVCache, MultiHeadLatentAttention
+from attention.practice.latent import LatentKVCache, MultiHeadLatentAttention
 
 D64 = torch.float64
 DIMS = dict(kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5)

@@ -1,4 +1,4 @@
-"""Tests for attention/linear.py and attention/feature_maps.py: the chunked and recurrent
+"""Tests for attention/efficient/linear.py and attention/efficient/feature_maps.py: the chunked and recurrent
 forms equal the naive quadratic form, and the contract's boundary checks."""
 
 import math
@@ -16,8 +16,8 @@ from attention import (
     random_feature_map,
     scaled_dot_product_attention,
 )
-from attention.feature_maps import elu_feature_map, relu_feature_map
-from attention.linear import linear_attention_naive
+from attention.efficient.feature_maps import elu_feature_map, relu_feature_map
+from attention.efficient.linear import linear_attention_naive
 from conftest import qkv
 
 F64 = torch.float64

@@ -9,7 +9,7 @@ from torch import nn
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from attention.logits import qk_norm, soft_cap, softcap_attention
+from attention.practice.logits import qk_norm, soft_cap, softcap_attention
 from conftest import qkv
 
 D64 = torch.float64

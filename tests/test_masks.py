@@ -1,10 +1,10 @@
-"""Tests for attention/masks.py: every builder against a naive double loop."""
+"""Tests for attention/foundations/masks.py: every builder against a naive double loop."""
 
 import pytest
 import torch
 
 from attention import block_diagonal_mask, causal_mask, combine_masks, padding_mask
-from attention.masks import decoding_mask, to_additive_mask
+from attention.foundations.masks import decoding_mask, to_additive_mask
 
 
 @pytest.mark.parametrize("i, j", [(1, 1), (3, 3), (3, 5), (5, 3), (0, 2)])

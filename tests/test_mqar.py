@@ -1,4 +1,4 @@
-"""Tests for attention/mqar.py: the layout of multi-query associative recall batches."""
+"""Tests for attention/efficient/mqar.py: the layout of multi-query associative recall batches."""
 
 import pytest
 import torch

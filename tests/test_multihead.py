@@ -1,4 +1,4 @@
-"""Tests for attention.multihead: parity with nn.MultiheadAttention, fused vs reference
+"""Tests for attention.layers.multihead: parity with nn.MultiheadAttention, fused vs reference
 path, GQA/MQA against explicitly repeated heads, head splitting, gradients, bad input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for attention/neural_memory.py: the identity with the gated delta rule, the hand-written
+"""Tests for attention/efficient/neural_memory.py: the identity with the gated delta rule, the hand-written
 gradients against autograd, Titans' update against a reference loop, and the boundary checks."""
 
 import pytest

@@ -120,7 +120,7 @@ def test_benchmark_machine_reads_older_stamps():
 
 def test_benchmark_machine_on_every_shipped_result():
     from attention import benchmark_machine, load_benchmark
-    from attention.notebook import resources
+    from attention.course.notebook import resources
 
     folder = resources.files("attention") / "benchmark_results"
     for name in sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json")):

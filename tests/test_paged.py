@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import KVCache
-from attention.paged import PagedKVCache
+from attention.practice.paged import PagedKVCache
 
 D64 = torch.float64
 

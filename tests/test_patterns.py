@@ -1,4 +1,4 @@
-"""Tests for attention/patterns.py, the sparse patterns of chapter 12.
+"""Tests for attention/efficient/patterns.py, the sparse patterns of chapter 12.
 
 Every builder is checked against a naive double loop over (query i, key j); the window
 conventions against flash-attn's formula and the masks Hugging Face transformers builds.

@@ -1,4 +1,4 @@
-"""Tests for attention/plotting.py and attention/notebook.py."""
+"""Tests for attention/course/plotting.py and attention/course/notebook.py."""
 
 import struct
 from pathlib import Path
@@ -20,8 +20,8 @@ from attention import (
     setup_notebook,
     use_course_style,
 )
-from attention.masks import decoding_mask
-from attention.plotting import MAX_FIGURE_WIDTH, MAX_TICKS
+from attention.course.plotting import MAX_FIGURE_WIDTH, MAX_TICKS
+from attention.foundations.masks import decoding_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMN_CSS_PX = 750  # the book's content column

@@ -1,4 +1,4 @@
-"""Tests for attention.positional: each encoding against its formula in float64 and against
+"""Tests for attention.layers.positional: each encoding against its formula in float64 and against
 the implementations readers meet elsewhere (Hugging Face's Llama rotary code and T5's
 buckets, Meta's complex-number RoPE written out here, the ALiBi paper's slope rule), the
 relative property of RoPE as a property test, and the boundary errors."""

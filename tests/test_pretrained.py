@@ -1,4 +1,4 @@
-"""Tests for attention.pretrained: the loader's three paths and the rebuilt attention of
+"""Tests for attention.practice.pretrained: the loader's three paths and the rebuilt attention of
 all-MiniLM-L6-v2 against the model's own outputs (the statistics: test_head_stats.py).
 
 The parity checks run in float32 (the model's dtype) at ``atol=1e-5, rtol=0``. Tests that
@@ -29,8 +29,8 @@ from attention import (
     sink_share,
     trace_attention,
 )
-from attention import pretrained as P
-from attention.pretrained import AttentionTrace, minilm_model_dir, token_position
+from attention.practice import pretrained as P
+from attention.practice.pretrained import AttentionTrace, minilm_model_dir, token_position
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""Tests for attention/scaled_dot_product.py against torch's fused SDPA, in float64."""
+"""Tests for attention/foundations/scaled_dot_product.py against torch's fused SDPA, in float64."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""Tests for attention.scoring: every score against its formula, gradients, masks, bad input."""
+"""Tests for attention.layers.scoring: every score against its formula, gradients, masks, bad input."""
 
 import math
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import AdditiveAttention, AdditiveScore, GeneralScore
-from attention.scoring import (
+from attention.layers.scoring import (
     ACTIVATIONS,
     additive_scores,
     cosine_scores,

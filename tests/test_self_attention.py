@@ -1,4 +1,4 @@
-"""Tests of attention/self_attention.py against the manual formulas and torch's SDPA."""
+"""Tests of attention/layers/self_attention.py against the manual formulas and torch's SDPA."""
 
 import math
 

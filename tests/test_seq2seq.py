@@ -1,10 +1,10 @@
-"""Tests of attention/seq2seq.py: the reversal data, the masks, the model and training."""
+"""Tests of attention/layers/seq2seq.py: the reversal data, the masks, the model and training."""
 
 import pytest
 import torch
 
 from attention import causal_mask
-from attention.seq2seq import (
+from attention.layers.seq2seq import (
     BOS,
     FIRST_SYMBOL,
     PAD,

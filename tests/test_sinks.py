@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
-from attention.sinks import (
+from attention.practice.sinks import (
     StreamingKVCache,
     attention_with_sinks,
     sink_attention_weights,

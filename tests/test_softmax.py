@@ -1,4 +1,4 @@
-"""Tests for attention/softmax.py against torch's built-ins and autograd."""
+"""Tests for attention/foundations/softmax.py against torch's built-ins and autograd."""
 
 import math
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import entropy, log_softmax, logsumexp, softmax
-from attention.softmax import softmax_jacobian, three_pass_softmax, two_pass_softmax
+from attention.foundations.softmax import softmax_jacobian, three_pass_softmax, two_pass_softmax
 
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
 rows = st.lists(finite, min_size=1, max_size=12)

@@ -1,9 +1,9 @@
-"""Tests for attention/sparse.py: each kernel equals dense attention with its mask.
+"""Tests for attention/efficient/sparse.py: each kernel equals dense attention with its mask.
 
 Reference: the materialising ``attention.scaled_dot_product_attention`` (and PyTorch's
 ``scaled_dot_product_attention``) with ``sliding_window_mask`` / ``block_sparse_mask``
 (True = may attend), in float64, for the outputs and for the gradients of query, key and
-value. The CPU fast path of block-sparse attention (``attention._sparse_cpu``) is
+value. The CPU fast path of block-sparse attention (``attention.efficient._sparse_cpu``) is
 tested in tests/test_sparse_cpu.py.
 """
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-import attention.sparse as sparse_module
+import attention.efficient.sparse as sparse_module
 from attention import (
     block_sparse_attention,
     block_sparse_mask,

@@ -1,4 +1,4 @@
-"""Tests for attention/_sparse_cpu.py, the CPU fast path of block-sparse attention.
+"""Tests for attention/efficient/_sparse_cpu.py, the CPU fast path of block-sparse attention.
 
 It must give the dense reference's result for any layout it takes, be the path that
 ``block_sparse_attention`` takes for CPU inference, and step aside (return ``None``)
@@ -11,13 +11,13 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import _sparse_cpu as cpu
 from attention import (
     block_sparse_attention,
     block_sparse_mask,
     local_global_layout,
     scaled_dot_product_attention,
 )
+from attention.efficient import _sparse_cpu as cpu
 
 
 def plain_qkv(i, j=None, *, batch=(2, 3), d=8, dtype=torch.float64, seed=0):

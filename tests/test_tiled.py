@@ -1,4 +1,4 @@
-"""Tests for attention/tiled.py: the online softmax and tiled attention equal the dense reference."""
+"""Tests for attention/efficient/tiled.py: the online softmax and tiled attention equal the dense reference."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import online_softmax, scaled_dot_product_attention, softmax, tiled_attention
-from attention.tiled import online_softmax_blocked
+from attention.efficient.tiled import online_softmax_blocked
 from conftest import qkv
 
 F64 = torch.float64

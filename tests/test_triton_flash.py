@@ -1,4 +1,4 @@
-"""Tests for attention/triton_flash.py: the FlashAttention-2 Triton kernels.
+"""Tests for attention/efficient/triton_flash.py: the FlashAttention-2 Triton kernels.
 
 Without CUDA they run under Triton's interpreter (TRITON_INTERPRET=1, which the module
 chooses when it is the first to import Triton on a machine without CUDA). Sizes are small:
@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="the optional dependency triton is not installed")
 
 from attention import tiled_attention  # noqa: E402
-from attention.triton_flash import INTERPRETED, flash_attention_triton  # noqa: E402
+from attention.efficient.triton_flash import INTERPRETED, flash_attention_triton  # noqa: E402
 
 ATOL, RTOL = 2e-5, 1e-5
 GRAD_ATOL = 1e-4
@@ -120,7 +120,7 @@ def _record_forward_tiles(i, j, block, is_causal):
     """
     import triton.language as tl
 
-    from attention import triton_flash
+    from attention.efficient import triton_flash
 
     as_int = lambda x: int(x.handle.data.item()) if hasattr(x, "handle") else int(x)
     visits, original = [], triton_flash._forward_block
@@ -159,7 +159,7 @@ def test_causal_forward_visits_the_blocks_below_the_diagonal_unmasked(i, j):
 def test_launched_programs_match_the_grid_formulas():
     """Wrap the launch: the forward and the dQ and D kernels run one program per query
     block and batch·head, the dK/dV kernel one per key block and batch·head."""
-    from attention import triton_flash
+    from attention.efficient import triton_flash
 
     launches, original = [], triton_flash._kernel
 

@@ -1,4 +1,4 @@
-"""Tests for attention/weights.py: sparsemax, 1.5-entmax, sigmoid, differential attention
+"""Tests for attention/reading/weights.py: sparsemax, 1.5-entmax, sigmoid, differential attention
 and attention-weight refinement.
 
 References: the ``entmax`` package (Peters, Niculae and Correia's implementation), naive
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention import scaled_dot_product_attention
-from attention.weights import (
+from attention.reading.weights import (
     DifferentialAttention,
     RefinedSelfAttention,
     differential_attention,

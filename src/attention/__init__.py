@@ -4,61 +4,186 @@ Mask convention everywhere: boolean, True = may attend, broadcastable to ``(b, h
 (as in ``torch.nn.functional.scaled_dot_product_attention``); float masks are added to
 the scores.
 
-This facade re-exports each module's ``__all__``, one line per module, in the order the
-chapters teach them; adding a module is adding its line. Helpers that one chapter uses
-(``attention.softmax.softmax_jacobian``, ``attention.masks.decoding_mask``,
-``attention.kv_cache.kv_cache_bytes_per_token``, the score functions of
-``attention.scoring`` ...) are imported from their module, and so is chapter 08's toy
-translation task, ``attention.seq2seq``. ``attention.pretrained`` imports transformers
-only when called. ``tests/test_facade.py`` checks that ``__all__`` is exactly the union of
-the re-exported modules' ``__all__``.
+The package is laid out like the book: ``foundations`` (chapters 1-4), ``layers``
+(5-9), ``efficient`` (10-16), ``practice`` (17-18), ``reading`` (19-20), and ``course``
+(what every chapter uses: set-up, checks, figures, diagrams, the running example);
+``exercises`` holds the checkers of the chapters' exercises. The shared, unchecked cores
+sit at the root (``_checks``, ``_core``, ``_cache``, ``_rope``).
+
+This facade is the library: the functions and modules a reader would call in their own
+code, imported here by name and listed in ``__all__`` in reading order. A chapter's
+teaching helpers (``attention.foundations.softmax.softmax_jacobian``, the score
+functions of ``attention.layers.scoring`` ...) are public in their module's ``__all__``
+and imported from their module. ``tests/test_facade.py`` holds both rules.
 """
 
-from types import ModuleType as _ModuleType
-
 # ruff: noqa: I001  (the imports follow the reading order, not the alphabet)
-from .notebook import *  # noqa: F403  set-up and checks of every chapter
-from .plotting import *  # noqa: F403  figures of every chapter
-from .softmax import *  # noqa: F403  chapter 02
-from .scaled_dot_product import *  # noqa: F403  chapters 01-04
-from .masks import *  # noqa: F403  chapter 04
-from .self_attention import *  # noqa: F403  chapter 05
-from .multihead import *  # noqa: F403  chapter 06
-from .kv_cache import *  # noqa: F403  chapter 06
-from .positional import *  # noqa: F403  chapter 07
-from .dual_chunk import *  # noqa: F403  chapter 07
-from .cross_attention import *  # noqa: F403  chapter 08
-from .scoring import *  # noqa: F403  chapter 09
-from .alignment import *  # noqa: F403  chapter 09
-from .additive import *  # noqa: F403  chapter 09
-from .feature_maps import *  # noqa: F403  chapter 10
-from .linear import *  # noqa: F403  chapter 10
-from .delta_rule import *  # noqa: F403  chapter 11
-from .neural_memory import *  # noqa: F403  chapter 11
-from .mqar import *  # noqa: F403  chapter 11
-from .patterns import *  # noqa: F403  chapter 12
-from .sparse import *  # noqa: F403  chapter 12
-from .approximate import *  # noqa: F403  chapter 12
-from .tiled import *  # noqa: F403  chapter 13
-from .distributed import *  # noqa: F403  chapter 14
-from .sinks import *  # noqa: F403  chapter 16
-from .latent import *  # noqa: F403  chapter 16
-from .paged import *  # noqa: F403  chapter 16
-from .logits import *  # noqa: F403  chapter 16
-from .pretrained import *  # noqa: F403  chapter 17
-from .head_stats import *  # noqa: F403  chapter 17
-from .circuits import *  # noqa: F403  chapter 18
-from .weights import *  # noqa: F403  chapter 19
-# chapters 01-08's running example; last, since it builds on pretrained and a module
-# imported early would take an earlier slot in __all__
-from .example import *  # noqa: F403  chapters 01-08
+
+# What every chapter uses
+from .course.notebook import (
+    setup_notebook,
+    report_close,
+    load_benchmark,
+    benchmark_machine,
+)
+from .course.plotting import (
+    use_course_style,
+    plot_attention,
+    plot_heads,
+    plot_mask,
+    plot_grid,
+)
+from .course.example import running_example
+
+# Foundations, chapters 1-4
+from .foundations.softmax import softmax, log_softmax, logsumexp, entropy
+from .foundations.scaled_dot_product import (
+    attention_weights,
+    scaled_dot_product_attention,
+)
+from .foundations.masks import (
+    causal_mask,
+    padding_mask,
+    block_diagonal_mask,
+    combine_masks,
+)
+
+# Attention layers, chapters 5-9
+from .layers.self_attention import SelfAttention
+from .layers.multihead import MultiHeadAttention, split_heads, merge_heads
+from .layers.kv_cache import KVCache
+from .layers.positional import (
+    sinusoidal_positions,
+    rope_frequencies,
+    apply_rope,
+    RotaryConfig,
+    alibi_slopes,
+    alibi_bias,
+    relative_position_bucket,
+)
+from .layers.dual_chunk import dual_chunk_positions, dual_chunk_attention
+from .layers.cross_attention import CrossAttention
+from .layers.scoring import GeneralScore, AdditiveScore
+from .layers.alignment import hard_attention, LocalAlignment
+from .layers.additive import AdditiveAttention, MultiDimensionalAttention
+
+# Efficient attention, chapters 10-16
+from .efficient.feature_maps import random_feature_map
+from .efficient.linear import (
+    linear_attention,
+    linear_attention_weights,
+    linear_attention_step,
+    lightning_attention,
+)
+from .efficient.delta_rule import delta_rule_attention, gated_delta_rule_attention
+from .efficient.neural_memory import NeuralMemory
+from .efficient.mqar import mqar_batch
+from .efficient.patterns import (
+    sliding_window_mask,
+    dilated_mask,
+    global_tokens_mask,
+    bigbird_mask,
+    block_sparse_mask,
+    local_global_layout,
+)
+from .efficient.sparse import sliding_window_attention, block_sparse_attention
+from .efficient.approximate import lsh_attention, linformer_attention
+from .efficient.tiled import online_softmax, tiled_attention
+from .efficient.distributed import (
+    ring_attention,
+    run_distributed,
+    shard_sequence,
+    unshard_sequence,
+)
+
+# In practice, chapters 17-18
+from .practice.pretrained import (
+    load_minilm,
+    trace_attention,
+    minilm_attention_weights,
+    minilm_attention_layer,
+)
+from .practice.head_stats import (
+    mean_attention_entropy,
+    attention_share,
+    sink_share,
+    head_diversity,
+)
+from .practice.sinks import (
+    attention_with_sinks,
+    sink_attention_weights,
+    StreamingKVCache,
+)
+from .practice.latent import LatentKVCache, MultiHeadLatentAttention
+from .practice.paged import PagedKVCache
+from .practice.logits import soft_cap, qk_norm
+
+# Reading attention and beyond softmax, chapters 19-20
+from .reading.circuits import (
+    qk_circuit,
+    ov_circuit,
+    copying_score,
+    previous_token_score,
+    induction_score,
+    prefix_matching_score,
+    AttentionOnlyTransformer,
+)
+from .reading.weights import (
+    sparsemax,
+    entmax15,
+    sigmoid_attention,
+    differential_attention,
+    differential_lambda_init,
+    DifferentialAttention,
+    RefinedSelfAttention,
+)
 
 __version__ = "0.1.0"
 
-# Every public name bound above, in reading order (the star imports bind exactly each
-# module's __all__; the submodules themselves, bound as attributes, are left out).
 __all__ = [
-    name
-    for name, value in dict(globals()).items()
-    if not name.startswith("_") and not isinstance(value, _ModuleType)
+    # What every chapter uses
+    "setup_notebook", "report_close", "load_benchmark", "benchmark_machine",
+    "use_course_style", "plot_attention", "plot_heads", "plot_mask", "plot_grid",
+    "running_example",
+    # Foundations, chapters 1-4
+    "softmax", "log_softmax", "logsumexp", "entropy",
+    "attention_weights", "scaled_dot_product_attention",
+    "causal_mask", "padding_mask", "block_diagonal_mask", "combine_masks",
+    # Attention layers, chapters 5-9
+    "SelfAttention",
+    "MultiHeadAttention", "split_heads", "merge_heads",
+    "KVCache",
+    "sinusoidal_positions", "rope_frequencies", "apply_rope", "RotaryConfig",
+    "alibi_slopes", "alibi_bias", "relative_position_bucket",
+    "dual_chunk_positions", "dual_chunk_attention",
+    "CrossAttention",
+    "GeneralScore", "AdditiveScore",
+    "hard_attention", "LocalAlignment",
+    "AdditiveAttention", "MultiDimensionalAttention",
+    # Efficient attention, chapters 10-16
+    "random_feature_map",
+    "linear_attention", "linear_attention_weights", "linear_attention_step",
+    "lightning_attention",
+    "delta_rule_attention", "gated_delta_rule_attention",
+    "NeuralMemory",
+    "mqar_batch",
+    "sliding_window_mask", "dilated_mask", "global_tokens_mask", "bigbird_mask",
+    "block_sparse_mask", "local_global_layout",
+    "sliding_window_attention", "block_sparse_attention",
+    "lsh_attention", "linformer_attention",
+    "online_softmax", "tiled_attention",
+    "ring_attention", "run_distributed", "shard_sequence", "unshard_sequence",
+    # In practice, chapters 17-18
+    "load_minilm", "trace_attention", "minilm_attention_weights",
+    "minilm_attention_layer",
+    "mean_attention_entropy", "attention_share", "sink_share", "head_diversity",
+    "attention_with_sinks", "sink_attention_weights", "StreamingKVCache",
+    "LatentKVCache", "MultiHeadLatentAttention",
+    "PagedKVCache",
+    "soft_cap", "qk_norm",
+    # Reading attention and beyond softmax, chapters 19-20
+    "qk_circuit", "ov_circuit", "copying_score", "previous_token_score",
+    "induction_score", "prefix_matching_score", "AttentionOnlyTransformer",
+    "sparsemax", "entmax15", "sigmoid_attention", "differential_attention",
+    "differential_lambda_init", "DifferentialAttention", "RefinedSelfAttention",
 ]

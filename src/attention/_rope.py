@@ -1,8 +1,8 @@
 """The unchecked core of rotary position embeddings, the checks of its options and
-:class:`RotaryConfig` (exported by :mod:`attention.positional`).
+:class:`RotaryConfig` (exported by :mod:`attention.layers.positional`).
 
-Shared by :mod:`attention.positional` (``apply_rope``),
-:mod:`attention.multihead`, :mod:`attention.latent` and :mod:`attention.dual_chunk`, which
+Shared by :mod:`attention.layers.positional` (``apply_rope``),
+:mod:`attention.layers.multihead`, :mod:`attention.practice.latent` and :mod:`attention.layers.dual_chunk`, which
 validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes: ``x``
 ``(..., n, d)`` with ``d`` even, positions broadcastable to ``(..., n)``.
 """

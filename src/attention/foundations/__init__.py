@@ -1,0 +1,1 @@
+"""Foundations (chapters 1-4): dot products, softmax, scaling and masks."""
