@@ -108,8 +108,11 @@ def set_omp_wait_policy(policy: str) -> str:
         raise ValueError(f"policy must be one of {_POLICIES}, got {policy!r}")
     if "torch" in sys.modules:
         if omp_wait_policy() != policy:
-            warnings.warn(f"torch is loaded: OpenMP keeps its wait policy {omp_wait_policy()!r}, "
-                          f"not {policy!r}", stacklevel=2)
+            warnings.warn(
+                f"torch is loaded: OpenMP keeps its wait policy {omp_wait_policy()!r}, "
+                f"not {policy!r}",
+                stacklevel=2,
+            )
         return omp_wait_policy()
     chosen = os.environ.get("OMP_WAIT_POLICY", policy).lower()
     if chosen not in _POLICIES:
@@ -125,9 +128,12 @@ def omp_wait_policy() -> str:
     """The OpenMP wait policy of this process, as :func:`set_omp_wait_policy` left it."""
     return os.environ.get("OMP_WAIT_POLICY", "default").lower()
 
+
 # Saved inside the package, so a chapter finds them wherever it runs (a clone, Colab,
 # Binder): attention.load_benchmark(name) reads them as package data.
-RESULTS = Path(__file__).resolve().parent.parent / "src" / "attention" / "benchmark_results"
+RESULTS = (
+    Path(__file__).resolve().parent.parent / "src" / "attention" / "benchmark_results"
+)
 
 
 def load_1min() -> float | None:
@@ -196,35 +202,69 @@ def begin(name: str, argv: list[str] | None = None) -> Run:
     Exits with status 3 (before measuring anything) when the 1-minute load average is above
     the core count, unless ``--allow-loaded`` is given.
     """
-    parser = argparse.ArgumentParser(description=f"benchmarks/{name}.py (see its docstring)")
-    parser.add_argument("--allow-loaded", action="store_true",
-                        help="measure and save on a loaded machine; the result says quiet: false")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder for <name>.json (default: the package's benchmark_results)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, few repeats: checks that the script runs; saves to a "
-                             "temporary folder unless --out is given")
+    parser = argparse.ArgumentParser(
+        description=f"benchmarks/{name}.py (see its docstring)"
+    )
+    parser.add_argument(
+        "--allow-loaded",
+        action="store_true",
+        help="measure and save on a loaded machine; the result says quiet: false",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for <name>.json (default: the package's benchmark_results)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, few repeats: checks that the script runs; saves to a "
+        "temporary folder unless --out is given",
+    )
     args = parser.parse_args(argv)
     out = args.out
     if out is None:
-        out = Path(tempfile.gettempdir()) / "attention-bench-quick" if args.quick else RESULTS
+        out = (
+            Path(tempfile.gettempdir()) / "attention-bench-quick"
+            if args.quick
+            else RESULTS
+        )
     load = load_1min()
     # run_all.py sets BENCH_LOAD_ALLOWANCE=1 after its first script: the previous script's
     # one busy thread is still in the 1-minute average when the next one starts.
     allowance = float(os.environ.get("BENCH_LOAD_ALLOWANCE", "0"))
-    print(f"{name}: {cpu_model()}, {os.cpu_count()} cores, {THREADS} thread(s) for time, "
-          f"{MEMORY_THREADS} for memory, OMP_WAIT_POLICY {omp_wait_policy()}, load {load}", flush=True)
+    print(
+        f"{name}: {cpu_model()}, {os.cpu_count()} cores, {THREADS} thread(s) for time, "
+        f"{MEMORY_THREADS} for memory, OMP_WAIT_POLICY {omp_wait_policy()}, load {load}",
+        flush=True,
+    )
     if _loaded(load, allowance) and not args.allow_loaded:
-        print(f"{name}: the 1-minute load average {load} is above the {os.cpu_count()} cores: "
-              "refusing to measure (wait for a quiet machine, or pass --allow-loaded to save a "
-              "result marked quiet: false)", file=sys.stderr)
+        print(
+            f"{name}: the 1-minute load average {load} is above the {os.cpu_count()} cores: "
+            "refusing to measure (wait for a quiet machine, or pass --allow-loaded to save a "
+            "result marked quiet: false)",
+            file=sys.stderr,
+        )
         raise SystemExit(3)
-    return Run(name=name, out=out, allow_loaded=args.allow_loaded, quick=args.quick, load_before=load,
-               allowance_before=allowance)
+    return Run(
+        name=name,
+        out=out,
+        allow_loaded=args.allow_loaded,
+        quick=args.quick,
+        load_before=load,
+        allowance_before=allowance,
+    )
 
 
-def finish(run: Run, data: dict, *, threads: int = THREADS, repeat: int = MIN_REPEAT,
-           own_load: float = 1.0) -> Path:
+def finish(
+    run: Run,
+    data: dict,
+    *,
+    threads: int = THREADS,
+    repeat: int = MIN_REPEAT,
+    own_load: float = 1.0,
+) -> Path:
     """Stamp ``data``, read the load again and save ``<out>/<name>.json``; returns the path.
 
     Adds ``stamp`` (see the module docstring) and ``quiet``. Refuses to save (exit status
@@ -233,25 +273,43 @@ def finish(run: Run, data: dict, *, threads: int = THREADS, repeat: int = MIN_RE
     script; the ring benchmark runs up to 4), taken off the reading after the run.
     """
     after = load_1min()
-    quiet = not (_loaded(run.load_before, run.allowance_before) or _loaded(after, own_load))
+    quiet = not (
+        _loaded(run.load_before, run.allowance_before) or _loaded(after, own_load)
+    )
     if not quiet and not run.allow_loaded:
-        print(f"{run.name}: the load average rose to {after} (above {os.cpu_count()} cores) "
-              "during the run: not saved (pass --allow-loaded to save it marked quiet: false)",
-              file=sys.stderr)
+        print(
+            f"{run.name}: the load average rose to {after} (above {os.cpu_count()} cores) "
+            "during the run: not saved (pass --allow-loaded to save it marked quiet: false)",
+            file=sys.stderr,
+        )
         raise SystemExit(3)
     st = stamp(threads)
-    st.update({"load_average": [run.load_before, after],  # 1-minute load: [before, after]
-               "load_1min_before": run.load_before, "load_1min_after": after,
-               "load_own_allowance": [run.allowance_before, own_load], "quiet": quiet,
-               "repeat": repeat, "quick": run.quick})
-    data = {"stamp": st, "quiet": quiet, **{k: v for k, v in data.items() if k != "stamp"}}
+    st.update(
+        {
+            "load_average": [run.load_before, after],  # 1-minute load: [before, after]
+            "load_1min_before": run.load_before,
+            "load_1min_after": after,
+            "load_own_allowance": [run.allowance_before, own_load],
+            "quiet": quiet,
+            "repeat": repeat,
+            "quick": run.quick,
+        }
+    )
+    data = {
+        "stamp": st,
+        "quiet": quiet,
+        **{k: v for k, v in data.items() if k != "stamp"},
+    }
     if "load_average" in data:  # the key older results had: [before, after]
         data["load_average"] = [run.load_before, after]
     run.out.mkdir(parents=True, exist_ok=True)
     path = run.out / f"{run.name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"{run.name}: saved {path} ({time.perf_counter() - run.started:.0f} s, load "
-          f"{run.load_before} -> {after}{'' if quiet else ', NOT quiet'})", flush=True)
+    print(
+        f"{run.name}: saved {path} ({time.perf_counter() - run.started:.0f} s, load "
+        f"{run.load_before} -> {after}{'' if quiet else ', NOT quiet'})",
+        flush=True,
+    )
     return path
 
 
@@ -271,8 +329,9 @@ def separated(a: dict, b: dict) -> bool:
     return a["q3"] < b["q1"] or b["q3"] < a["q1"]
 
 
-def interleaved_samples(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT,
-                        clock=time.perf_counter) -> dict:
+def interleaved_samples(
+    fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT, clock=time.perf_counter
+) -> dict:
     """Every timed sample of several contenders, run round-robin after ``warmup`` rounds.
 
     Returns ``{name: [seconds, ...]}``; ``clock`` is ``time.perf_counter`` (wall) or, with
@@ -293,7 +352,9 @@ def interleaved_samples(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT,
     return times
 
 
-def interleaved_clocks(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT) -> tuple[dict, dict]:
+def interleaved_clocks(
+    fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT
+) -> tuple[dict, dict]:
     """Every timed sample on two clocks at once, run round-robin after ``warmup`` rounds.
 
     Returns ``(wall, cpu)``, each ``{name: [seconds, ...]}``: ``time.perf_counter`` and
@@ -319,17 +380,27 @@ def interleaved_clocks(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT) 
 
 def interleaved_stats(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT) -> dict:
     """Median and quartiles of several contenders, run round-robin: ``{name: quartiles}``."""
-    return {name: quartiles(ts) for name, ts in interleaved_samples(fns, warmup=warmup, repeat=repeat).items()}
+    return {
+        name: quartiles(ts)
+        for name, ts in interleaved_samples(fns, warmup=warmup, repeat=repeat).items()
+    }
 
 
 def interleaved_times(fns: dict, *, warmup: int = 2, repeat: int = MIN_REPEAT) -> dict:
     """Median times of several contenders, run round-robin so load spikes hit all alike."""
-    return {name: s["median"] for name, s in interleaved_stats(fns, warmup=warmup, repeat=repeat).items()}
+    return {
+        name: s["median"]
+        for name, s in interleaved_stats(fns, warmup=warmup, repeat=repeat).items()
+    }
 
 
 def spread(stats: list[dict]) -> tuple[list, list, list]:
     """Per-size lists ``(median, q1, q3)`` from a list of :func:`quartiles` results."""
-    return ([s["median"] for s in stats], [s["q1"] for s in stats], [s["q3"] for s in stats])
+    return (
+        [s["median"] for s in stats],
+        [s["q1"] for s in stats],
+        [s["q3"] for s in stats],
+    )
 
 
 def log_slope(ns, ys) -> float:
@@ -339,7 +410,9 @@ def log_slope(ns, ys) -> float:
     xs = [math.log(n) for n in ns]
     ls = [math.log(y) for y in ys]
     mx, my = sum(xs) / len(xs), sum(ls) / len(ls)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ls, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ls, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
 
 
 # ---------------------------------------------------------------- memory
@@ -381,8 +454,13 @@ def peak_memory_mib(target: str, *, threads: int = MEMORY_THREADS, **kwargs) -> 
         "print(max(peak - before, 0.0))\n"
     )
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,4 +1,4 @@
-"""Local (local-p) alignment: is its cost per query O(D), as claimed? (chapter 09)
+"""Local (local-p) alignment: is its cost per query O(D), as claimed? (chapter 9)
 
 Luong et al.'s local-p attention weighs only the ``2D + 1`` source positions around a
 predicted centre ``p_i``. The package's ``local_alignment`` takes the full ``(i, S)``
@@ -57,12 +57,16 @@ def local_gathered(q, keys, values, centre, half_width: int, sigma: float):
     """
     b, s = keys.shape[0], keys.shape[1]
     width = 2 * half_width + 1
-    pos = torch.ceil(centre - half_width).long().unsqueeze(-1) + torch.arange(width)  # (b, i, W)
+    pos = torch.ceil(centre - half_width).long().unsqueeze(-1) + torch.arange(
+        width
+    )  # (b, i, W)
     valid = (pos >= 0) & (pos < s) & ((pos - centre.unsqueeze(-1)).abs() <= half_width)
     idx = pos.clamp(0, s - 1)
     rows = torch.arange(b).view(b, 1, 1)
     k, v = keys[rows, idx], values[rows, idx]  # (b, i, W, d), (b, i, W, e)
-    scores = (k @ q.unsqueeze(-1)).squeeze(-1).masked_fill(~valid, float("-inf"))  # (b, i, W)
+    scores = (
+        (k @ q.unsqueeze(-1)).squeeze(-1).masked_fill(~valid, float("-inf"))
+    )  # (b, i, W)
     weights = torch.softmax(scores, dim=-1)
     z = torch.where(valid, (pos - centre.unsqueeze(-1)) / sigma, 0.0)
     weights = weights * torch.exp(-0.5 * z**2)
@@ -73,7 +77,10 @@ def contenders(s: int, half_width: int) -> dict:
     g = torch.Generator().manual_seed(s + half_width)
     q = torch.randn(BATCH, QUERIES, DIM, generator=g)
     keys, values = (torch.randn(BATCH, s, DIM, generator=g) for _ in range(2))
-    w_p, v_p = torch.randn(HIDDEN, DIM, generator=g) / DIM**0.5, torch.randn(HIDDEN, generator=g)
+    w_p, v_p = (
+        torch.randn(HIDDEN, DIM, generator=g) / DIM**0.5,
+        torch.randn(HIDDEN, generator=g),
+    )
     sigma = half_width / 2
 
     def centre():
@@ -81,12 +88,18 @@ def contenders(s: int, half_width: int) -> dict:
 
     def dense():
         scores = q @ keys.transpose(-2, -1)  # (b, i, S)
-        return local_alignment(scores, centre(), float(half_width), sigma=sigma) @ values
+        return (
+            local_alignment(scores, centre(), float(half_width), sigma=sigma) @ values
+        )
 
     return {
         "local_dense": dense,
-        "local_gathered": lambda: local_gathered(q, keys, values, centre(), half_width, sigma),
-        "global": lambda: torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=1.0),
+        "local_gathered": lambda: local_gathered(
+            q, keys, values, centre(), half_width, sigma
+        ),
+        "global": lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, scale=1.0
+        ),
     }
 
 
@@ -97,19 +110,28 @@ def sweep(points, *, vary: str, repeat: int) -> dict:
         fns = contenders(s, d)
         with torch.inference_mode():
             diff = float((fns["local_dense"]() - fns["local_gathered"]()).abs().max())
-        assert diff < 1e-4, f"S = {s}, D = {d}: gathered and dense local-p differ by {diff}"
+        assert diff < 1e-4, (
+            f"S = {s}, D = {d}: gathered and dense local-p differ by {diff}"
+        )
         t = interleaved_stats(fns, warmup=2, repeat=repeat)
         for name in NAMES:
             med[name].append(t[name]["median"])
             q1[name].append(t[name]["q1"])
             q3[name].append(t[name]["q3"])
-        print(f"S = {s:>6}, D = {d:>4}: " + "  ".join(f"{n} {1e3 * t[n]['median']:8.3f} ms" for n in NAMES),
-              flush=True)
+        print(
+            f"S = {s:>6}, D = {d:>4}: "
+            + "  ".join(f"{n} {1e3 * t[n]['median']:8.3f} ms" for n in NAMES),
+            flush=True,
+        )
     return {
         "S": points if vary == "S" else S_FIXED,
         "D": D_FIXED if vary == "S" else points,
-        "time_s": med, "time_s_q1": q1, "time_s_q3": q3,
-        "per_query_s": {name: [t / (BATCH * QUERIES) for t in ts] for name, ts in med.items()},
+        "time_s": med,
+        "time_s_q1": q1,
+        "time_s_q3": q3,
+        "per_query_s": {
+            name: [t / (BATCH * QUERIES) for t in ts] for name, ts in med.items()
+        },
         "slope_time": {name: log_slope(points, ts) for name, ts in med.items()},
     }
 
@@ -121,14 +143,31 @@ def main() -> None:
     by_s = sweep([256, 1024] if run.quick else S_SWEEP, vary="S", repeat=repeat)
     by_d = sweep([2, 8] if run.quick else D_SWEEP, vary="D", repeat=repeat)
     for label, res in (("S", by_s), ("D", by_d)):
-        print(f"log-log slope in {label}: " + ", ".join(f"{n} {v:.2f}" for n, v in res["slope_time"].items()))
-    finish(run, {
-        "config": {"batch": BATCH, "queries": QUERIES, "d": DIM, "e": DIM, "predictor_hidden": HIDDEN,
-                   "sigma": "D / 2", "score": "dot product, unscaled", "dtype": "float32",
-                   "threads": THREADS, "omp_wait_policy": OMP_WAIT_POLICY, "repeat": repeat},
-        "vs_source_length": by_s,
-        "vs_half_width": by_d,
-    }, repeat=repeat)
+        print(
+            f"log-log slope in {label}: "
+            + ", ".join(f"{n} {v:.2f}" for n, v in res["slope_time"].items())
+        )
+    finish(
+        run,
+        {
+            "config": {
+                "batch": BATCH,
+                "queries": QUERIES,
+                "d": DIM,
+                "e": DIM,
+                "predictor_hidden": HIDDEN,
+                "sigma": "D / 2",
+                "score": "dot product, unscaled",
+                "dtype": "float32",
+                "threads": THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+                "repeat": repeat,
+            },
+            "vs_source_length": by_s,
+            "vs_half_width": by_d,
+        },
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

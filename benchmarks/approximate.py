@@ -1,4 +1,4 @@
-"""LSH and Linformer attention against n: is their cost O(n k) as claimed? (chapter 12)
+"""LSH and Linformer attention against n: is their cost O(n k) as claimed? (chapter 13)
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, under the protocol of ``_common`` (one
 thread for time and for memory, passive OpenMP waiting, contenders interleaved, >= 7
@@ -56,7 +56,9 @@ NAMES = ("lsh", "linformer", "sdpa")
 
 def _inputs(n: int):
     g = torch.Generator().manual_seed(n)
-    return [torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)]  # (b, h, n, d)
+    return [
+        torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)
+    ]  # (b, h, n, d)
 
 
 def make_lsh(n: int):
@@ -68,8 +70,15 @@ def make_lsh(n: int):
 
     def call():
         gen.manual_seed(0)  # the same hash rotations every call
-        return lsh_attention(x, x, v, num_buckets=BUCKETS, num_hashes=HASHES, chunk_size=CHUNK,
-                             generator=gen)
+        return lsh_attention(
+            x,
+            x,
+            v,
+            num_buckets=BUCKETS,
+            num_hashes=HASHES,
+            chunk_size=CHUNK,
+            generator=gen,
+        )
 
     return call
 
@@ -81,7 +90,9 @@ def make_linformer(n: int):
 
     q, k, v = _inputs(n)
     proj = linformer_projection(n, RANK, generator=torch.Generator().manual_seed(1))
-    return lambda: linformer_attention(q, k, v, key_projection=proj, value_projection=proj)
+    return lambda: linformer_attention(
+        q, k, v, key_projection=proj, value_projection=proj
+    )
 
 
 def make_sdpa(n: int):
@@ -103,42 +114,82 @@ def main() -> None:
     def runs(name, n):
         return name != "sdpa" or n <= sdpa_max
 
-    peak = {name: [peak_memory_mib(f"approximate:make_{name}", n=n) if runs(name, n) else None
-                   for n in sizes] for name in NAMES}
+    peak = {
+        name: [
+            peak_memory_mib(f"approximate:make_{name}", n=n) if runs(name, n) else None
+            for n in sizes
+        ]
+        for name in NAMES
+    }
     med, q1, q3 = ({name: [] for name in NAMES} for _ in range(3))
     for n in sizes:
-        t = interleaved_stats({name: MAKERS[name](n) for name in NAMES if runs(name, n)}, warmup=1, repeat=repeat)
+        t = interleaved_stats(
+            {name: MAKERS[name](n) for name in NAMES if runs(name, n)},
+            warmup=1,
+            repeat=repeat,
+        )
         for name in NAMES:
             med[name].append(t[name]["median"] if name in t else None)
             q1[name].append(t[name]["q1"] if name in t else None)
             q3[name].append(t[name]["q3"] if name in t else None)
-        print(f"n = {n:>6}: " + "  ".join(
-            f"{name} {1e3 * t[name]['median']:8.1f} ms ({peak[name][sizes.index(n)]:.1f} MiB)" for name in t),
-            flush=True)
+        print(
+            f"n = {n:>6}: "
+            + "  ".join(
+                f"{name} {1e3 * t[name]['median']:8.1f} ms ({peak[name][sizes.index(n)]:.1f} MiB)"
+                for name in t
+            ),
+            flush=True,
+        )
     slope_time, slope_memory, local = {}, {}, {}
     for name in NAMES:
         fit = [i for i, n in enumerate(sizes) if med[name][i] is not None and n >= 2048]
-        fit = fit if len(fit) >= 2 else [i for i in range(len(sizes)) if med[name][i] is not None]
+        fit = (
+            fit
+            if len(fit) >= 2
+            else [i for i in range(len(sizes)) if med[name][i] is not None]
+        )
         ns = [sizes[i] for i in fit]
         slope_time[name] = log_slope(ns, [med[name][i] for i in fit])
         slope_memory[name] = log_slope(ns, [max(peak[name][i], 1e-3) for i in fit])
-        local[name] = [log_slope(ns[k:k + 2], [med[name][i] for i in fit[k:k + 2]]) for k in range(len(fit) - 1)]
-    print("log-log slopes, n >= 2048: " + ", ".join(
-        f"{name} time {slope_time[name]:.2f} memory {slope_memory[name]:.2f}" for name in NAMES))
-    finish(run, {
-        "config": {"batch": 1, "heads": HEADS, "d": DIM, "dtype": "float32", "lsh_num_buckets": BUCKETS,
-                   "lsh_num_hashes": HASHES, "lsh_chunk_size": CHUNK, "linformer_k": RANK,
-                   "sdpa_max_n": sdpa_max, "threads": THREADS, "omp_wait_policy": OMP_WAIT_POLICY,
-                   "repeat": repeat},
-        "n": sizes,
-        "time_s": med,
-        "time_s_q1": q1,
-        "time_s_q3": q3,
-        "peak_mib": peak,
-        "slope_time": slope_time,
-        "slope_memory": slope_memory,
-        "local_slope_time": local,
-    }, repeat=repeat)
+        local[name] = [
+            log_slope(ns[k : k + 2], [med[name][i] for i in fit[k : k + 2]])
+            for k in range(len(fit) - 1)
+        ]
+    print(
+        "log-log slopes, n >= 2048: "
+        + ", ".join(
+            f"{name} time {slope_time[name]:.2f} memory {slope_memory[name]:.2f}"
+            for name in NAMES
+        )
+    )
+    finish(
+        run,
+        {
+            "config": {
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "dtype": "float32",
+                "lsh_num_buckets": BUCKETS,
+                "lsh_num_hashes": HASHES,
+                "lsh_chunk_size": CHUNK,
+                "linformer_k": RANK,
+                "sdpa_max_n": sdpa_max,
+                "threads": THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+                "repeat": repeat,
+            },
+            "n": sizes,
+            "time_s": med,
+            "time_s_q1": q1,
+            "time_s_q3": q3,
+            "peak_mib": peak,
+            "slope_time": slope_time,
+            "slope_memory": slope_memory,
+            "local_slope_time": local,
+        },
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

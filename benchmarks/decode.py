@@ -1,4 +1,4 @@
-"""Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 16).
+"""Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 18).
 
 Setting: one attention layer, batch 1, embed 512, 8 heads, fp32, ``torch.inference_mode()``,
 under the protocol of ``_common`` (one thread, passive OpenMP waiting, contenders
@@ -55,7 +55,9 @@ from _common import THREADS, begin, finish, interleaved_clocks, quartiles, separ
 from attention import MultiHeadAttention, MultiHeadLatentAttention  # noqa: E402
 
 EMBED, HEADS = 512, 8
-MLA_DIMS = dict(kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
+MLA_DIMS = dict(
+    kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64
+)
 CONTEXTS = [128, 256, 512, 1024, 2048]
 WARMUP, REPEAT = 1, 15
 
@@ -63,12 +65,18 @@ WARMUP, REPEAT = 1, 15
 def quartile_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
     """Wall and thread-CPU quartiles (``_common.quartiles``) of each contender, run round-robin."""
     wall, cpu = interleaved_clocks(fns, warmup=warmup, repeat=repeat)
-    return ({n: quartiles(t) for n, t in wall.items()}, {n: quartiles(t) for n, t in cpu.items()})
+    return (
+        {n: quartiles(t) for n, t in wall.items()},
+        {n: quartiles(t) for n, t in cpu.items()},
+    )
 
 
 def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttention, x):
     """Zero-argument callables for one context length; each returns the new token's output."""
-    prefix, new = x[:, : length + 1], x[:, length : length + 1]  # (1, L+1, E), (1, 1, E)
+    prefix, new = (
+        x[:, : length + 1],
+        x[:, length : length + 1],
+    )  # (1, L+1, E), (1, 1, E)
     kv = mha.new_cache(1, length + 1)
     latent = mla.new_cache(1, length + 1)
     with torch.inference_mode():
@@ -76,7 +84,9 @@ def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttenti
         mla(x[:, :length], cache=latent)
 
     def mha_cache():
-        kv.length = length  # drop the previous step's token: every call decodes token L + 1
+        kv.length = (
+            length  # drop the previous step's token: every call decodes token L + 1
+        )
         return mha(new, new, new, is_causal=True, cache=kv)[0]
 
     def mla_step(absorb):
@@ -118,29 +128,42 @@ def main() -> None:
             for name, out in outs.items():
                 if name.startswith(family):
                     diff = float((out - ref).abs().max())
-                    assert diff < 1e-4, f"L={length}: {name} differs from no-cache by {diff}"
+                    assert diff < 1e-4, (
+                        f"L={length}: {name} differs from no-cache by {diff}"
+                    )
         wall, cpu = quartile_clocks(fns, warmup=WARMUP, repeat=repeat)
         cpu_stats[length], wall_stats[length] = cpu, wall
         times = {name: st["median"] for name, st in cpu.items()}
-        results[length], wall_results[length] = times, {name: st["median"] for name, st in wall.items()}
-        print(f"L={length:5d} cpu " + "  ".join(f"{k} {1e3 * t:8.2f} ms" for k, t in times.items()),
-              flush=True)
+        results[length], wall_results[length] = (
+            times,
+            {name: st["median"] for name, st in wall.items()},
+        )
+        print(
+            f"L={length:5d} cpu "
+            + "  ".join(f"{k} {1e3 * t:8.2f} ms" for k, t in times.items()),
+            flush=True,
+        )
 
     ratios = {
         length: {
             "mha_no_cache / mha_cache": t["mha_no_cache"] / t["mha_cache"],
             "mla_no_cache / mla_absorbed": t["mla_no_cache"] / t["mla_absorbed"],
-            "mla_materialised / mla_absorbed": t["mla_materialised"] / t["mla_absorbed"],
+            "mla_materialised / mla_absorbed": t["mla_materialised"]
+            / t["mla_absorbed"],
             "mla_absorbed / mha_cache": t["mla_absorbed"] / t["mha_cache"],
         }
         for length, t in results.items()
     }
-    pairs = {"mha_no_cache / mha_cache": ("mha_no_cache", "mha_cache"),
-             "mla_no_cache / mla_absorbed": ("mla_no_cache", "mla_absorbed"),
-             "mla_materialised / mla_absorbed": ("mla_materialised", "mla_absorbed"),
-             "mla_absorbed / mha_cache": ("mla_absorbed", "mha_cache")}
-    resolved = {str(length): {k: separated(st[a], st[b]) for k, (a, b) in pairs.items()}
-                for length, st in cpu_stats.items()}
+    pairs = {
+        "mha_no_cache / mha_cache": ("mha_no_cache", "mha_cache"),
+        "mla_no_cache / mla_absorbed": ("mla_no_cache", "mla_absorbed"),
+        "mla_materialised / mla_absorbed": ("mla_materialised", "mla_absorbed"),
+        "mla_absorbed / mha_cache": ("mla_absorbed", "mha_cache"),
+    }
+    resolved = {
+        str(length): {k: separated(st[a], st[b]) for k, (a, b) in pairs.items()}
+        for length, st in cpu_stats.items()
+    }
     for length, r in ratios.items():
         print(f"L={length:5d}  " + "  ".join(f"{k}: {v:.2f}" for k, v in r.items()))
     finish(
@@ -164,11 +187,23 @@ def main() -> None:
             "contexts": contexts,
             "clock": "ratios and median_cpu_s: time.thread_time of the one compute thread",
             "median_cpu_s": {str(k): v for k, v in results.items()},
-            "median_cpu_s_q1": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in cpu_stats.items()},
-            "median_cpu_s_q3": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in cpu_stats.items()},
+            "median_cpu_s_q1": {
+                str(k): {n: st["q1"] for n, st in v.items()}
+                for k, v in cpu_stats.items()
+            },
+            "median_cpu_s_q3": {
+                str(k): {n: st["q3"] for n, st in v.items()}
+                for k, v in cpu_stats.items()
+            },
             "median_wall_s": {str(k): v for k, v in wall_results.items()},
-            "median_wall_s_q1": {str(k): {n: st["q1"] for n, st in v.items()} for k, v in wall_stats.items()},
-            "median_wall_s_q3": {str(k): {n: st["q3"] for n, st in v.items()} for k, v in wall_stats.items()},
+            "median_wall_s_q1": {
+                str(k): {n: st["q1"] for n, st in v.items()}
+                for k, v in wall_stats.items()
+            },
+            "median_wall_s_q3": {
+                str(k): {n: st["q3"] for n, st in v.items()}
+                for k, v in wall_stats.items()
+            },
             "ratios": {str(k): v for k, v in ratios.items()},
             "ratios_separated": resolved,
         },

@@ -59,7 +59,9 @@ DECAY = -torch.linspace(0.01, 0.5, HEADS)  # per-head log-decay, (h,)
 
 def _inputs(n: int):
     g = torch.Generator().manual_seed(n)
-    return [torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)]  # (b, h, n, d)
+    return [
+        torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)
+    ]  # (b, h, n, d)
 
 
 def _linear(q, k, v):
@@ -112,52 +114,78 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     names = ("linear", "lightning", "sdpa")
     # Memory first: measured before any large tensor exists in this parent.
-    peak = {name: [peak_memory_mib(f"linear:make_{name}", n=n) for n in sizes] for name in names}
+    peak = {
+        name: [peak_memory_mib(f"linear:make_{name}", n=n) for n in sizes]
+        for name in names
+    }
     stats = {name: [] for name in names}
-    print(f"{'N':>6} {'linear ms':>10} {'sdpa ms':>10} {'speed-up':>9} {'linear MiB':>11} {'sdpa MiB':>9}")
+    print(
+        f"{'N':>6} {'linear ms':>10} {'sdpa ms':>10} {'speed-up':>9} {'linear MiB':>11} {'sdpa MiB':>9}"
+    )
     for k, n in enumerate(sizes):
-        t = interleaved_stats({"linear": make_linear(n), "lightning": make_lightning(n),
-                               "sdpa": make_sdpa(n)}, warmup=2, repeat=repeat)
+        t = interleaved_stats(
+            {
+                "linear": make_linear(n),
+                "lightning": make_lightning(n),
+                "sdpa": make_sdpa(n),
+            },
+            warmup=2,
+            repeat=repeat,
+        )
         for name in names:
             stats[name].append(t[name])
-        print(f"{n:>6} {1e3 * t['linear']['median']:>10.2f} {1e3 * t['sdpa']['median']:>10.2f} "
-              f"{t['sdpa']['median'] / t['linear']['median']:>8.1f}x {peak['linear'][k]:>11.1f} "
-              f"{peak['sdpa'][k]:>9.1f}", flush=True)
+        print(
+            f"{n:>6} {1e3 * t['linear']['median']:>10.2f} {1e3 * t['sdpa']['median']:>10.2f} "
+            f"{t['sdpa']['median'] / t['linear']['median']:>8.1f}x {peak['linear'][k]:>11.1f} "
+            f"{peak['sdpa'][k]:>9.1f}",
+            flush=True,
+        )
     times, q1, q3 = {}, {}, {}
     for name in names:
         times[name], q1[name], q3[name] = spread(stats[name])
     speedup = [s / lin for s, lin in zip(times["sdpa"], times["linear"], strict=True)]
-    resolved = [separated(a, b) for a, b in zip(stats["linear"], stats["sdpa"], strict=True)]
+    resolved = [
+        separated(a, b) for a, b in zip(stats["linear"], stats["sdpa"], strict=True)
+    ]
     cross = crossover(sizes, speedup)
     big = [i for i, n in enumerate(sizes) if n >= 2048]
     big = big if len(big) >= 2 else list(range(len(sizes)))
-    slopes = {name: log_slope([sizes[i] for i in big], [times[name][i] for i in big]) for name in names}
-    print(f"crossover: linear attention is faster from N = {cross} on; time slopes (N >= 2048): "
-          + ", ".join(f"{k} {v:.2f}" for k, v in slopes.items()))
-    finish(run, {
-        "load_average": None,  # filled by finish: [before, after]
-        "config": {
-            "batch": 1,
-            "heads": HEADS,
-            "d": DIM,
-            "dtype": "float32",
-            "chunk_size": CHUNK,
-            "feature_map": "elu+1",
-            "threads": THREADS,
-            "memory_threads": MEMORY_THREADS,
-            "omp_wait_policy": OMP_WAIT_POLICY,
-            "repeat": repeat,
+    slopes = {
+        name: log_slope([sizes[i] for i in big], [times[name][i] for i in big])
+        for name in names
+    }
+    print(
+        f"crossover: linear attention is faster from N = {cross} on; time slopes (N >= 2048): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in slopes.items())
+    )
+    finish(
+        run,
+        {
+            "load_average": None,  # filled by finish: [before, after]
+            "config": {
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "dtype": "float32",
+                "chunk_size": CHUNK,
+                "feature_map": "elu+1",
+                "threads": THREADS,
+                "memory_threads": MEMORY_THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+                "repeat": repeat,
+            },
+            "n": sizes,
+            "time_s": times,
+            "time_s_q1": q1,
+            "time_s_q3": q3,
+            "peak_mib": peak,
+            "speedup": speedup,
+            "speedup_separated": resolved,
+            "slope_time": slopes,
+            "crossover_n": cross,
         },
-        "n": sizes,
-        "time_s": times,
-        "time_s_q1": q1,
-        "time_s_q3": q3,
-        "peak_mib": peak,
-        "speedup": speedup,
-        "speedup_separated": resolved,
-        "slope_time": slopes,
-        "crossover_n": cross,
-    }, repeat=repeat)
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

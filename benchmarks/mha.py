@@ -1,4 +1,4 @@
-"""The package's MultiHeadAttention against nn.MultiheadAttention and two baselines (chapter 06).
+"""The package's MultiHeadAttention against nn.MultiheadAttention and two baselines (chapter 6).
 
 Setting: batch 8, length 1024, embed 768, 12 heads (d = 64), causal self-attention,
 forward only, fp32, ``torch.inference_mode()``, under the protocol of ``_common`` (one
@@ -125,7 +125,9 @@ def main() -> None:
     def torch_mha_is_causal():
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            return ref(x, x, x, attn_mask=blocked, is_causal=True, need_weights=False)[0]
+            return ref(x, x, x, attn_mask=blocked, is_causal=True, need_weights=False)[
+                0
+            ]
         finally:
             torch.backends.mha.set_fastpath_enabled(True)
 
@@ -143,7 +145,8 @@ def main() -> None:
             outs = {name: fn() for name, fn in fns.items()}
             fast_path = calls["n"] == 1  # torch_mha only; the hinted variant has it off
             max_diff = {
-                name: float((out - outs["package"]).abs().max()) for name, out in outs.items()
+                name: float((out - outs["package"]).abs().max())
+                for name, out in outs.items()
             }
     finally:
         torch._native_multi_head_attention = native
@@ -193,7 +196,9 @@ def main() -> None:
             "median_s": times,
             "median_s_q1": {name: st["q1"] for name, st in stats.items()},
             "median_s_q3": {name: st["q3"] for name, st in stats.items()},
-            "separated_from_package": {name: separated(st, stats["package"]) for name, st in stats.items()},
+            "separated_from_package": {
+                name: separated(st, stats["package"]) for name, st in stats.items()
+            },
             "ratio_to_package": ratios,
             "speedup_vs_torch_mha": speedup,
         },

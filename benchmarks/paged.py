@@ -1,4 +1,4 @@
-"""What the block table costs: one decode step from a paged cache against a contiguous one (chapter 16).
+"""What the block table costs: one decode step from a paged cache against a contiguous one (chapter 18).
 
 Setting: a batch of 4 sequences, each holding ``L`` cached positions, 8 heads (as many
 key/value heads), d = 64, fp32, pool blocks of 16 positions, ``torch.inference_mode()``,
@@ -51,18 +51,26 @@ NAMES = ("contiguous", "paged", "paged_gather")
 
 def contenders(length: int) -> dict:
     g = torch.Generator().manual_seed(length)
-    prefix_k, prefix_v = (torch.randn(BATCH, HEADS, length, DIM, generator=g) for _ in range(2))
+    prefix_k, prefix_v = (
+        torch.randn(BATCH, HEADS, length, DIM, generator=g) for _ in range(2)
+    )
     q, k, v = (torch.randn(BATCH, HEADS, 1, DIM, generator=g) for _ in range(3))
 
     flat = KVCache(BATCH, length + 1, num_kv_heads=HEADS, head_dim=DIM)
     flat.update(prefix_k, prefix_v)
-    blocks = BATCH * -(-(length + 1) // BLOCK) + BATCH  # every sequence's blocks, and some spare
+    blocks = (
+        BATCH * -(-(length + 1) // BLOCK) + BATCH
+    )  # every sequence's blocks, and some spare
     pool = PagedKVCache(blocks, BLOCK, HEADS, DIM)
     seqs = [pool.add_sequence() for _ in range(BATCH)]
     # Interleave the sequences' appends, as concurrent requests do: their blocks alternate in the pool.
     for start in range(0, length, BLOCK):
         for row, s in enumerate(seqs):
-            pool.append(s, prefix_k[row, :, start:start + BLOCK], prefix_v[row, :, start:start + BLOCK])
+            pool.append(
+                s,
+                prefix_k[row, :, start : start + BLOCK],
+                prefix_v[row, :, start : start + BLOCK],
+            )
 
     def contiguous():
         flat.length = length  # drop the previous call's token
@@ -92,7 +100,9 @@ def main() -> None:
         fns = contenders(length)
         with torch.inference_mode():
             diff = float((fns["contiguous"]() - fns["paged"]()).abs().max())
-        assert diff < 1e-5, f"L = {length}: paged and contiguous outputs differ by {diff}"
+        assert diff < 1e-5, (
+            f"L = {length}: paged and contiguous outputs differ by {diff}"
+        )
         t = interleaved_stats(fns, warmup=2, repeat=repeat)
         for name in NAMES:
             med[name].append(t[name]["median"])
@@ -100,19 +110,36 @@ def main() -> None:
             q3[name].append(t[name]["q3"])
         ratio.append(t["paged"]["median"] / t["contiguous"]["median"])
         resolved.append(separated(t["paged"], t["contiguous"]))
-        print(f"L = {length:>5}: " + "  ".join(f"{name} {1e3 * t[name]['median']:7.3f} ms" for name in NAMES)
-              + f"  paged / contiguous {ratio[-1]:.2f}", flush=True)
-    finish(run, {
-        "config": {"batch": BATCH, "heads": HEADS, "kv_heads": HEADS, "d": DIM, "block_size": BLOCK,
-                   "dtype": "float32", "kernel": "attention.scaled_dot_product_attention",
-                   "threads": THREADS, "omp_wait_policy": OMP_WAIT_POLICY, "repeat": repeat},
-        "contexts": contexts,
-        "time_s": med,
-        "time_s_q1": q1,
-        "time_s_q3": q3,
-        "paged_over_contiguous": ratio,
-        "paged_over_contiguous_separated": resolved,
-    }, repeat=repeat)
+        print(
+            f"L = {length:>5}: "
+            + "  ".join(f"{name} {1e3 * t[name]['median']:7.3f} ms" for name in NAMES)
+            + f"  paged / contiguous {ratio[-1]:.2f}",
+            flush=True,
+        )
+    finish(
+        run,
+        {
+            "config": {
+                "batch": BATCH,
+                "heads": HEADS,
+                "kv_heads": HEADS,
+                "d": DIM,
+                "block_size": BLOCK,
+                "dtype": "float32",
+                "kernel": "attention.scaled_dot_product_attention",
+                "threads": THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+                "repeat": repeat,
+            },
+            "contexts": contexts,
+            "time_s": med,
+            "time_s_q1": q1,
+            "time_s_q3": q3,
+            "paged_over_contiguous": ratio,
+            "paged_over_contiguous_separated": resolved,
+        },
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

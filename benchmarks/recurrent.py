@@ -64,7 +64,9 @@ NAMES = ("softmax_cache", "linear_step", "delta_step", "gated_delta_step")
 def _token(seed: int):
     """One token's query, key (unit norm, as DeltaNet uses), value, beta and log-decay."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, HEADS, 1, DIM, generator=g) for _ in range(3))  # (b, h, 1, d)
+    q, k, v = (
+        torch.randn(1, HEADS, 1, DIM, generator=g) for _ in range(3)
+    )  # (b, h, 1, d)
     k = torch.nn.functional.normalize(k, dim=-1)
     beta = torch.rand(1, HEADS, 1, generator=g)  # (b, h, 1)
     log_decay = -0.1 * torch.rand(1, HEADS, 1, generator=g)  # (b, h, 1)
@@ -79,8 +81,8 @@ def make_softmax_cache(length: int):
     q, k, v, _, _ = _token(2)
 
     def step():
-        cache_k[:, :, length:length + 1] = k  # write the new token in place
-        cache_v[:, :, length:length + 1] = v
+        cache_k[:, :, length : length + 1] = k  # write the new token in place
+        cache_v[:, :, length : length + 1] = v
         return torch.nn.functional.scaled_dot_product_attention(q, cache_k, cache_v)
 
     return step
@@ -94,27 +96,39 @@ def _state(seed: int = 3):
 def make_linear_step(length: int = 0):
     """Zero-argument callable: one step of causal linear attention (state S, z)."""
     q, k, v, _, _ = _token(2)
-    state = (_state().abs(), torch.rand(1, HEADS, DIM, generator=torch.Generator().manual_seed(4)))
-    return lambda: linear_attention_step(q[..., 0, :], k[..., 0, :], v[..., 0, :], state)[0]
+    state = (
+        _state().abs(),
+        torch.rand(1, HEADS, DIM, generator=torch.Generator().manual_seed(4)),
+    )
+    return lambda: linear_attention_step(
+        q[..., 0, :], k[..., 0, :], v[..., 0, :], state
+    )[0]
 
 
 def make_delta_step(length: int = 0):
     """Zero-argument callable: one delta-rule token from a given state."""
     q, k, v, beta, _ = _token(2)
     state = _state()
-    return lambda: delta_rule_attention(q, k, v, beta, initial_state=state, output_final_state=True)
+    return lambda: delta_rule_attention(
+        q, k, v, beta, initial_state=state, output_final_state=True
+    )
 
 
 def make_gated_delta_step(length: int = 0):
     """Zero-argument callable: one gated-delta-rule token from a given state."""
     q, k, v, beta, log_decay = _token(2)
     state = _state()
-    return lambda: gated_delta_rule_attention(q, k, v, beta, log_decay, initial_state=state,
-                                              output_final_state=True)
+    return lambda: gated_delta_rule_attention(
+        q, k, v, beta, log_decay, initial_state=state, output_final_state=True
+    )
 
 
-MAKERS = {"softmax_cache": make_softmax_cache, "linear_step": make_linear_step,
-          "delta_step": make_delta_step, "gated_delta_step": make_gated_delta_step}
+MAKERS = {
+    "softmax_cache": make_softmax_cache,
+    "linear_step": make_linear_step,
+    "delta_step": make_delta_step,
+    "gated_delta_step": make_gated_delta_step,
+}
 
 
 def held_bytes(name: str, length: int) -> int:
@@ -129,20 +143,39 @@ def held_bytes(name: str, length: int) -> int:
 def check_steps() -> None:
     """Each step equals the last row of its sequence form (float64, 6 tokens)."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, HEADS, 6, DIM, generator=g, dtype=torch.float64) for _ in range(3))
+    q, k, v = (
+        torch.randn(1, HEADS, 6, DIM, generator=g, dtype=torch.float64)
+        for _ in range(3)
+    )
     k = torch.nn.functional.normalize(k, dim=-1)
     beta = torch.rand(1, HEADS, 6, generator=g, dtype=torch.float64)
     log_decay = -torch.rand(1, HEADS, 6, generator=g, dtype=torch.float64)
     for name, whole, step in (
-        ("delta", delta_rule_attention(q, k, v, beta),
-         lambda s, t: delta_rule_attention(q[..., t:t + 1, :], k[..., t:t + 1, :],
-                                           v[..., t:t + 1, :], beta[..., t:t + 1],
-                                           initial_state=s, output_final_state=True)),
-        ("gated delta", gated_delta_rule_attention(q, k, v, beta, log_decay),
-         lambda s, t: gated_delta_rule_attention(q[..., t:t + 1, :], k[..., t:t + 1, :],
-                                                 v[..., t:t + 1, :], beta[..., t:t + 1],
-                                                 log_decay[..., t:t + 1], initial_state=s,
-                                                 output_final_state=True)),
+        (
+            "delta",
+            delta_rule_attention(q, k, v, beta),
+            lambda s, t: delta_rule_attention(
+                q[..., t : t + 1, :],
+                k[..., t : t + 1, :],
+                v[..., t : t + 1, :],
+                beta[..., t : t + 1],
+                initial_state=s,
+                output_final_state=True,
+            ),
+        ),
+        (
+            "gated delta",
+            gated_delta_rule_attention(q, k, v, beta, log_decay),
+            lambda s, t: gated_delta_rule_attention(
+                q[..., t : t + 1, :],
+                k[..., t : t + 1, :],
+                v[..., t : t + 1, :],
+                beta[..., t : t + 1],
+                log_decay[..., t : t + 1],
+                initial_state=s,
+                output_final_state=True,
+            ),
+        ),
     ):
         state = None
         for t in range(6):
@@ -150,8 +183,12 @@ def check_steps() -> None:
         assert torch.allclose(out[..., 0, :], whole[..., -1, :], atol=1e-10), name
     state = None
     for t in range(6):
-        out, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state)
-    assert torch.allclose(out, linear_attention(q, k, v, is_causal=True)[..., -1, :], atol=1e-10)
+        out, state = linear_attention_step(
+            q[..., t, :], k[..., t, :], v[..., t, :], state
+        )
+    assert torch.allclose(
+        out, linear_attention(q, k, v, is_causal=True)[..., -1, :], atol=1e-10
+    )
     full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     last = torch.nn.functional.scaled_dot_product_attention(q[..., -1:, :], k, v)
     assert torch.allclose(last[..., 0, :], full[..., -1, :], atol=1e-10)
@@ -165,40 +202,66 @@ def summary(samples: list[float]) -> dict:
 
 def main() -> None:
     run = begin("recurrent")
-    contexts, warmup, repeat = ([64, 256], 1, 7) if run.quick else (CONTEXTS, WARMUP, REPEAT)
+    contexts, warmup, repeat = (
+        ([64, 256], 1, 7) if run.quick else (CONTEXTS, WARMUP, REPEAT)
+    )
 
     torch.set_num_threads(THREADS)
     check_steps()
     # Memory first, before this process holds large tensors (see _common.peak_memory_mib).
-    peak = {name: [peak_memory_mib(f"recurrent:make_{name}", length=n) for n in contexts]
-            for name in NAMES}
+    peak = {
+        name: [peak_memory_mib(f"recurrent:make_{name}", length=n) for n in contexts]
+        for name in NAMES
+    }
     cpu_stats, wall_stats = {}, {}
     for n in contexts:
-        wall, cpu = interleaved_clocks({name: MAKERS[name](n) for name in NAMES},
-                                        warmup=warmup, repeat=repeat)
+        wall, cpu = interleaved_clocks(
+            {name: MAKERS[name](n) for name in NAMES}, warmup=warmup, repeat=repeat
+        )
         cpu_stats[str(n)] = {name: summary(s) for name, s in cpu.items()}
         wall_stats[str(n)] = {name: summary(s) for name, s in wall.items()}
-        print(f"L={n:6d} cpu median [q1, q3] us: " + "  ".join(
-            f"{name} {1e6 * s['median']:.1f} [{1e6 * s['q1']:.1f}, {1e6 * s['q3']:.1f}]"
-            for name, s in cpu_stats[str(n)].items()), flush=True)
+        print(
+            f"L={n:6d} cpu median [q1, q3] us: "
+            + "  ".join(
+                f"{name} {1e6 * s['median']:.1f} [{1e6 * s['q1']:.1f}, {1e6 * s['q3']:.1f}]"
+                for name, s in cpu_stats[str(n)].items()
+            ),
+            flush=True,
+        )
     kv_per_token = 2 * HEADS * DIM * 4
-    state_bytes = {name: held_bytes(name, 0) for name in NAMES if name != "softmax_cache"}
+    state_bytes = {
+        name: held_bytes(name, 0) for name in NAMES if name != "softmax_cache"
+    }
     break_even = {name: b / kv_per_token for name, b in state_bytes.items()}
-    print(f"KV cache per token and layer: {kv_per_token} bytes; state per layer: "
-          + ", ".join(f"{name} {b} bytes (= {break_even[name]:.1f} tokens of cache)"
-                      for name, b in state_bytes.items()))
+    print(
+        f"KV cache per token and layer: {kv_per_token} bytes; state per layer: "
+        + ", ".join(
+            f"{name} {b} bytes (= {break_even[name]:.1f} tokens of cache)"
+            for name, b in state_bytes.items()
+        )
+    )
     finish(
         run,
         {
-            "setting": {"batch": 1, "heads": HEADS, "d": DIM, "e": DIM, "dtype": "float32",
-                        "mode": "one decode step, inference_mode", "warmup": warmup,
-                        "repeat": repeat, "omp_wait_policy": OMP_WAIT_POLICY},
+            "setting": {
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "e": DIM,
+                "dtype": "float32",
+                "mode": "one decode step, inference_mode",
+                "warmup": warmup,
+                "repeat": repeat,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+            },
             "contexts": contexts,
             "contenders": list(NAMES),
             "clock": "cpu_s: time.thread_time of the one compute thread; wall_s: perf_counter",
             "cpu_s": cpu_stats,
             "wall_s": wall_stats,
-            "held_bytes": {name: [held_bytes(name, n) for n in contexts] for name in NAMES},
+            "held_bytes": {
+                name: [held_bytes(name, n) for n in contexts] for name in NAMES
+            },
             "step_peak_mib": peak,
             "kv_cache_bytes_per_token_per_layer": kv_per_token,
             "state_bytes_per_layer": state_bytes,

@@ -1,4 +1,4 @@
-"""Ring attention on P = 1, 2, 4 local processes: time and memory per rank (chapter 14).
+"""Ring attention on P = 1, 2, 4 local processes: time and memory per rank (chapter 15).
 
 One causal attention layer's forward and backward pass, fp32, batch 1, 4 heads,
 d = e = 64, N = 4096, tiles of 256 keys, sharded over P processes (gloo, one thread
@@ -38,7 +38,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads; the ranks inherit it
+OMP_WAIT_POLICY = set_omp_wait_policy(
+    OMP_POLICY
+)  # before torch loads; the ranks inherit it
 # Return every freed buffer over 64 KiB to the system at once, so peaks are not hidden by
 # reused memory (inherited by the spawned ranks).
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
@@ -47,9 +49,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _common import begin, finish, quartiles  # noqa: E402
 
-from attention.efficient.distributed import ring_attention, run_distributed, shard_sequence  # noqa: E402
+from attention.efficient.distributed import (
+    ring_attention,
+    run_distributed,
+    shard_sequence,
+)  # noqa: E402
 
-N = int(os.environ.get("RING_BENCH_N", "4096"))  # --quick sets 512 for the spawned ranks
+N = int(
+    os.environ.get("RING_BENCH_N", "4096")
+)  # --quick sets 512 for the spawned ranks
 HEADS, DIM, BLOCK = 4, 64, 256
 WORLD_SIZES = [1, 2, 4]
 LAYOUTS = ["contiguous", "zigzag"]
@@ -75,10 +83,20 @@ def measure(rank: int, world_size: int) -> list[dict]:
     mine = {}
     for layout in LAYOUTS:
         g = torch.Generator().manual_seed(0)
-        full = [torch.randn(1, HEADS, N, DIM, generator=g) for _ in range(4)]  # q, k, v, dO
-        q, k, v, grad_out = (shard_sequence(t, world_size, rank, layout=layout).clone() for t in full)
+        full = [
+            torch.randn(1, HEADS, N, DIM, generator=g) for _ in range(4)
+        ]  # q, k, v, dO
+        q, k, v, grad_out = (
+            shard_sequence(t, world_size, rank, layout=layout).clone() for t in full
+        )
         del full
-        args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad_out, layout)
+        args = (
+            q.requires_grad_(),
+            k.requires_grad_(),
+            v.requires_grad_(),
+            grad_out,
+            layout,
+        )
         _step(*args)  # warm-up
         dist.barrier()
         before = _status_mib("VmRSS")
@@ -112,18 +130,31 @@ def main() -> None:
         for p in WORLD_SIZES:
             t0 = time.perf_counter()
             runs[p].append(run_distributed(measure, p, timeout=900))
-            print(f"launch {launch + 1}/{launches}, P = {p}: {time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"launch {launch + 1}/{launches}, P = {p}: {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
     results = {}
     for p in WORLD_SIZES:
         results[str(p)] = {}
         for layout in LAYOUTS:
-            per_rank = [[run[r][layout] for run in runs[p]] for r in range(p)]  # [rank][launch]
-            steps = [(launch, s) for launch in range(launches) for s in range(TIMED_STEPS)]
-            cpu = [quartiles([c for x in rank for c in x["cpu_s"]]) for rank in per_rank]
+            per_rank = [
+                [run[r][layout] for run in runs[p]] for r in range(p)
+            ]  # [rank][launch]
+            steps = [
+                (launch, s) for launch in range(launches) for s in range(TIMED_STEPS)
+            ]
+            cpu = [
+                quartiles([c for x in rank for c in x["cpu_s"]]) for rank in per_rank
+            ]
             # a step ends when its slowest rank does
-            wall = quartiles([max(rank[a]["wall_s"][s] for rank in per_rank) for a, s in steps])
+            wall = quartiles(
+                [max(rank[a]["wall_s"][s] for rank in per_rank) for a, s in steps]
+            )
             entry = {
-                "peak_mib": [statistics.median(x["peak_mib"] for x in rank) for rank in per_rank],
+                "peak_mib": [
+                    statistics.median(x["peak_mib"] for x in rank) for rank in per_rank
+                ],
                 "cpu_s": [c["median"] for c in cpu],
                 "wall_s": wall["median"],
                 "cpu_s_q1": [c["q1"] for c in cpu],
@@ -134,7 +165,10 @@ def main() -> None:
             results[str(p)][layout] = entry
             print(
                 f"P = {p} {layout:>10}: wall {entry['wall_s']:6.2f} s; per rank "
-                + "  ".join(f"[{m:6.1f} MiB {c:5.2f} s cpu]" for m, c in zip(entry["peak_mib"], entry["cpu_s"], strict=True))
+                + "  ".join(
+                    f"[{m:6.1f} MiB {c:5.2f} s cpu]"
+                    for m, c in zip(entry["peak_mib"], entry["cpu_s"], strict=True)
+                )
             )
     finish(
         run,

@@ -28,8 +28,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Fixed order: the quick single-process scripts first, the ring's process launches last.
-ORDER = ["mha", "linear", "tiled", "tiled_backward", "sparse", "approximate", "alignment", "paged",
-         "decode", "recurrent", "ring"]
+ORDER = [
+    "mha",
+    "linear",
+    "tiled",
+    "tiled_backward",
+    "sparse",
+    "approximate",
+    "alignment",
+    "paged",
+    "decode",
+    "recurrent",
+    "ring",
+]
 
 
 def main() -> int:
@@ -37,13 +48,21 @@ def main() -> int:
     parser.add_argument("--allow-loaded", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default=None, help="comma-separated names, e.g. sparse,linear")
+    parser.add_argument(
+        "--only", default=None, help="comma-separated names, e.g. sparse,linear"
+    )
     args = parser.parse_args()
-    names = ORDER if args.only is None else [n for n in ORDER if n in args.only.split(",")]
+    names = (
+        ORDER if args.only is None else [n for n in ORDER if n in args.only.split(",")]
+    )
     unknown = set() if args.only is None else set(args.only.split(",")) - set(ORDER)
     if unknown:
-        parser.error(f"unknown benchmark(s) {sorted(unknown)}; known: {', '.join(ORDER)}")
-    extra = (["--allow-loaded"] if args.allow_loaded else []) + (["--quick"] if args.quick else [])
+        parser.error(
+            f"unknown benchmark(s) {sorted(unknown)}; known: {', '.join(ORDER)}"
+        )
+    extra = (["--allow-loaded"] if args.allow_loaded else []) + (
+        ["--quick"] if args.quick else []
+    )
     if args.out is not None:
         extra += ["--out", str(args.out)]
     took, status = {}, {}
@@ -54,9 +73,13 @@ def main() -> int:
         # After the first script, its one busy thread is still in the 1-minute load average.
         env["BENCH_LOAD_ALLOWANCE"] = "0" if k == 0 else "1"
         t0 = time.perf_counter()
-        rc = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *extra], env=env).returncode
+        rc = subprocess.run(
+            [sys.executable, str(HERE / f"{name}.py"), *extra], env=env
+        ).returncode
         took[name] = time.perf_counter() - t0
-        status[name] = {0: "saved", 3: "refused (loaded machine)"}.get(rc, f"failed (exit {rc})")
+        status[name] = {0: "saved", 3: "refused (loaded machine)"}.get(
+            rc, f"failed (exit {rc})"
+        )
     total = time.perf_counter() - start
     print("\n=== summary ===")
     for name in names:

@@ -1,4 +1,4 @@
-"""Tiled exact attention against the materialised form: peak memory and time (chapter 13).
+"""Tiled exact attention against the materialised form: peak memory and time (chapter 14).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, under the protocol of
 ``_common`` (one thread for time and for memory, passive OpenMP waiting, interleaved,
@@ -61,7 +61,9 @@ QUICK_SIZES = [256, 512, 1024]
 
 def _inputs(n: int):
     g = torch.Generator().manual_seed(n)
-    return [torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)]  # (b, h, n, d)
+    return [
+        torch.randn(1, HEADS, n, DIM, generator=g) for _ in range(3)
+    ]  # (b, h, n, d)
 
 
 def _tiled(q, k, v):
@@ -96,56 +98,86 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     names = ("tiled", "naive", "sdpa")
     # Memory first: measured before any large tensor exists in this parent.
-    peak = {name: [peak_memory_mib(f"tiled:make_{name}", n=n) for n in sizes] for name in names}
-    print(f"{'N':>6} {'tiled MiB':>10} {'naive MiB':>10} {'sdpa MiB':>9} {'mem ratio':>10} "
-          f"{'tiled ms':>9} {'naive ms':>9} {'sdpa ms':>8}")
+    peak = {
+        name: [peak_memory_mib(f"tiled:make_{name}", n=n) for n in sizes]
+        for name in names
+    }
+    print(
+        f"{'N':>6} {'tiled MiB':>10} {'naive MiB':>10} {'sdpa MiB':>9} {'mem ratio':>10} "
+        f"{'tiled ms':>9} {'naive ms':>9} {'sdpa ms':>8}"
+    )
     stats = {name: [] for name in names}
     for k, n in enumerate(sizes):
-        t = interleaved_stats({"tiled": make_tiled(n), "naive": make_naive(n), "sdpa": make_sdpa(n)},
-                              warmup=1, repeat=repeat)
+        t = interleaved_stats(
+            {"tiled": make_tiled(n), "naive": make_naive(n), "sdpa": make_sdpa(n)},
+            warmup=1,
+            repeat=repeat,
+        )
         for name in names:
             stats[name].append(t[name])
         print(
             f"{n:>6} {peak['tiled'][k]:>10.1f} {peak['naive'][k]:>10.1f} {peak['sdpa'][k]:>9.1f} "
             f"{peak['naive'][k] / max(peak['tiled'][k], 1e-3):>9.1f}x "
             f"{1e3 * t['tiled']['median']:>9.1f} {1e3 * t['naive']['median']:>9.1f} "
-            f"{1e3 * t['sdpa']['median']:>8.1f}", flush=True
+            f"{1e3 * t['sdpa']['median']:>8.1f}",
+            flush=True,
         )
     times, q1, q3 = {}, {}, {}
     for name in names:
         times[name], q1[name], q3[name] = spread(stats[name])
     i = len(sizes) - 1
     mem_ratio = peak["tiled"][i] / peak["naive"][i]
-    print(f"N = {sizes[i]}: tiled peak memory is {mem_ratio:.3f} of the naive form's (1/{1 / mem_ratio:.0f})")
-    print(f"N = {sizes[i]}: tiled time / naive time = {times['tiled'][i] / times['naive'][i]:.2f}")
-    print(f"N = {sizes[i]}: tiled time / fused sdpa time = {times['tiled'][i] / times['sdpa'][i]:.2f}")
+    print(
+        f"N = {sizes[i]}: tiled peak memory is {mem_ratio:.3f} of the naive form's (1/{1 / mem_ratio:.0f})"
+    )
+    print(
+        f"N = {sizes[i]}: tiled time / naive time = {times['tiled'][i] / times['naive'][i]:.2f}"
+    )
+    print(
+        f"N = {sizes[i]}: tiled time / fused sdpa time = {times['tiled'][i] / times['sdpa'][i]:.2f}"
+    )
     big = [i for i, n in enumerate(sizes) if n >= 2048]
     big = big if len(big) >= 2 else list(range(len(sizes)))
-    finish(run, {
-        "load_average": None,  # filled by finish: [before, after]
-        "config": {
-            "batch": 1,
-            "heads": HEADS,
-            "d": DIM,
-            "dtype": "float32",
-            "block_size": BLOCK,
-            "is_causal": False,
-            "threads": THREADS,
-            "memory_threads": MEMORY_THREADS,
-            "omp_wait_policy": OMP_WAIT_POLICY,
-            "repeat": repeat,
+    finish(
+        run,
+        {
+            "load_average": None,  # filled by finish: [before, after]
+            "config": {
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "dtype": "float32",
+                "block_size": BLOCK,
+                "is_causal": False,
+                "threads": THREADS,
+                "memory_threads": MEMORY_THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+                "repeat": repeat,
+            },
+            "n": sizes,
+            "time_s": times,
+            "time_s_q1": q1,
+            "time_s_q3": q3,
+            "peak_mib": peak,
+            "memory_ratio": [
+                t / nv for t, nv in zip(peak["tiled"], peak["naive"], strict=True)
+            ],
+            "tiled_over_sdpa": [
+                t / s for t, s in zip(times["tiled"], times["sdpa"], strict=True)
+            ],
+            "tiled_over_sdpa_separated": [
+                separated(a, b)
+                for a, b in zip(stats["tiled"], stats["sdpa"], strict=True)
+            ],
+            "slope_memory": {
+                name: log_slope(
+                    [sizes[i] for i in big], [max(peak[name][i], 1e-3) for i in big]
+                )
+                for name in names
+            },
         },
-        "n": sizes,
-        "time_s": times,
-        "time_s_q1": q1,
-        "time_s_q3": q3,
-        "peak_mib": peak,
-        "memory_ratio": [t / nv for t, nv in zip(peak["tiled"], peak["naive"], strict=True)],
-        "tiled_over_sdpa": [t / s for t, s in zip(times["tiled"], times["sdpa"], strict=True)],
-        "tiled_over_sdpa_separated": [separated(a, b) for a, b in zip(stats["tiled"], stats["sdpa"], strict=True)],
-        "slope_memory": {name: log_slope([sizes[i] for i in big], [max(peak[name][i], 1e-3) for i in big])
-                         for name in names},
-    }, repeat=repeat)
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

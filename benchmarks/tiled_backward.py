@@ -1,10 +1,10 @@
-"""Training memory and time of exact attention: forward + backward, five ways (chapter 14).
+"""Training memory and time of exact attention: forward + backward, five ways (chapter 15).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, blocks of 256 keys:
 
 * ``naive``: ``attention.scaled_dot_product_attention`` under autograd, which keeps the
   ``(h, N, N)`` scores and weights for the backward pass;
-* ``tiled_autograd``: the tiled forward recurrence of chapter 13 written with ordinary
+* ``tiled_autograd``: the tiled forward recurrence of chapter 14 written with ordinary
   tensor operations, so autograd differentiates through it and keeps every tile;
 * ``tiled``: ``attention.tiled_attention``, whose backward recomputes each tile from the
   saved log-sum-exp (FlashAttention-2) and keeps only q, k, v, the output and the
@@ -73,18 +73,25 @@ SIZES = [512, 1024, 2048, 4096, 8192]
 TIMED_SIZES = [512, 1024, 2048]  # the naive form at 4096 takes seconds a call
 CONTENDERS = ["naive", "tiled_autograd", "tiled", "stored_p", "sdpa"]
 RECOMPUTE_N, RECOMPUTE_REPEAT = 2048, 21
-QUICK = {"sizes": [256, 512], "timed": [256, 512], "recompute_n": 512, "recompute_repeat": 5}
+QUICK = {
+    "sizes": [256, 512],
+    "timed": [256, 512],
+    "recompute_n": 512,
+    "recompute_repeat": 5,
+}
 
 
 def tiled_autograd(q, k, v, block_size=BLOCK):
-    """Chapter 13's recurrence in plain differentiable operations: autograd keeps every tile."""
+    """Chapter 14's recurrence in plain differentiable operations: autograd keeps every tile."""
     scale = q.shape[-1] ** -0.5
     n = k.shape[-2]
     m = torch.full((*q.shape[:-1], 1), float("-inf"))
     l = torch.zeros((*q.shape[:-1], 1))  # noqa: E741
     acc = torch.zeros((*q.shape[:-1], v.shape[-1]))
     for j0 in range(0, n, block_size):
-        s = q @ k[..., j0 : j0 + block_size, :].transpose(-2, -1) * scale  # (b, h, N, block)
+        s = (
+            q @ k[..., j0 : j0 + block_size, :].transpose(-2, -1) * scale
+        )  # (b, h, N, block)
         m_new = torch.maximum(m, s.detach().amax(-1, keepdim=True))
         p = torch.exp(s - m_new)
         alpha = torch.exp(m - m_new)
@@ -113,7 +120,9 @@ class _StoredP(torch.autograd.Function):
         acc = torch.zeros((*q.shape[:-1], v.shape[-1]))
         tiles, maxima = [], []
         for j0 in range(0, n, block_size):
-            s = (q @ k[..., j0 : j0 + block_size, :].transpose(-2, -1)).mul_(scale)  # (b, h, N, blk)
+            s = (q @ k[..., j0 : j0 + block_size, :].transpose(-2, -1)).mul_(
+                scale
+            )  # (b, h, N, blk)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             alpha = torch.exp(m - m_new)
             p = s.sub_(m_new).exp_()  # in place, as attention.efficient.tiled does
@@ -140,7 +149,9 @@ class _StoredP(torch.autograd.Function):
         for t, p in enumerate(tiles):
             j0, j1 = t * blk, min((t + 1) * blk, k.shape[-2])
             dv[..., j0:j1, :] = p.transpose(-2, -1) @ dout
-            ds = (dout @ v[..., j0:j1, :].transpose(-2, -1)).sub_(delta).mul_(p)  # dS = P (dP - D)
+            ds = (
+                (dout @ v[..., j0:j1, :].transpose(-2, -1)).sub_(delta).mul_(p)
+            )  # dS = P (dP - D)
             dq += (ds @ k[..., j0:j1, :]) * scale
             dk[..., j0:j1, :] = (ds.transpose(-2, -1) @ q) * scale
         return dq, dk, dv, None
@@ -161,7 +172,9 @@ FUNCTIONS = {
 
 def _inputs(n: int):
     g = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(1, HEADS, n, DIM, generator=g).requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(1, HEADS, n, DIM, generator=g).requires_grad_() for _ in range(3)
+    )
     weight = torch.randn(1, HEADS, n, DIM, generator=g)
     return q, k, v, weight
 
@@ -224,8 +237,16 @@ def _check(n: int = 256) -> None:
 
 def main() -> None:
     run = begin("tiled_backward")
-    q = QUICK if run.quick else {"sizes": SIZES, "timed": TIMED_SIZES, "recompute_n": RECOMPUTE_N,
-                                 "recompute_repeat": RECOMPUTE_REPEAT}
+    q = (
+        QUICK
+        if run.quick
+        else {
+            "sizes": SIZES,
+            "timed": TIMED_SIZES,
+            "recompute_n": RECOMPUTE_N,
+            "recompute_repeat": RECOMPUTE_REPEAT,
+        }
+    )
     repeat = 3 if run.quick else MIN_REPEAT
     sizes, timed = q["sizes"], q["timed"]
     torch.set_num_threads(THREADS)
@@ -239,11 +260,19 @@ def main() -> None:
     _check()
     stats = {name: [] for name in CONTENDERS}
     for n in timed:
-        samples = interleaved_samples({name: _prepared(name, n) for name in CONTENDERS}, warmup=1, repeat=repeat)
+        samples = interleaved_samples(
+            {name: _prepared(name, n) for name in CONTENDERS}, warmup=1, repeat=repeat
+        )
         for name in CONTENDERS:
             stats[name].append(quartiles(samples[name]))
-        print(f"N = {n:>5}: " + "  ".join(f"{name} {1e3 * stats[name][-1]['median']:8.1f} ms"
-                                          for name in CONTENDERS), flush=True)
+        print(
+            f"N = {n:>5}: "
+            + "  ".join(
+                f"{name} {1e3 * stats[name][-1]['median']:8.1f} ms"
+                for name in CONTENDERS
+            ),
+            flush=True,
+        )
     times, q1, q3 = {}, {}, {}
     for name in CONTENDERS:
         times[name], q1[name], q3[name] = spread(stats[name])
@@ -251,47 +280,64 @@ def main() -> None:
     # The cost of recomputation, resolved with more repeats.
     rn, rr = q["recompute_n"], q["recompute_repeat"]
     pair = ("tiled", "stored_p")
-    fb = interleaved_samples({name: _prepared(name, rn) for name in pair}, warmup=2, repeat=rr)
-    bw = interleaved_samples({name: _backward_only(name, rn) for name in pair}, warmup=2, repeat=rr)
+    fb = interleaved_samples(
+        {name: _prepared(name, rn) for name in pair}, warmup=2, repeat=rr
+    )
+    bw = interleaved_samples(
+        {name: _backward_only(name, rn) for name in pair}, warmup=2, repeat=rr
+    )
     fb, bw = ({k: quartiles(v) for k, v in d.items()} for d in (fb, bw))
     recompute = {
-        "n": rn, "repeat": rr, "forward_backward": fb, "backward": bw,
+        "n": rn,
+        "repeat": rr,
+        "forward_backward": fb,
+        "backward": bw,
         "cost_forward_backward": fb["tiled"]["median"] / fb["stored_p"]["median"] - 1,
         "cost_forward_backward_separated": separated(fb["tiled"], fb["stored_p"]),
         "cost_backward": bw["tiled"]["median"] / bw["stored_p"]["median"] - 1,
         "cost_backward_separated": separated(bw["tiled"], bw["stored_p"]),
     }
-    print(f"N = {rn}, {rr} repeats: recomputation adds {100 * recompute['cost_forward_backward']:.1f} % "
-          f"to forward + backward (resolved: {recompute['cost_forward_backward_separated']}) and "
-          f"{100 * recompute['cost_backward']:.1f} % to the backward (resolved: "
-          f"{recompute['cost_backward_separated']})")
+    print(
+        f"N = {rn}, {rr} repeats: recomputation adds {100 * recompute['cost_forward_backward']:.1f} % "
+        f"to forward + backward (resolved: {recompute['cost_forward_backward_separated']}) and "
+        f"{100 * recompute['cost_backward']:.1f} % to the backward (resolved: "
+        f"{recompute['cost_backward_separated']})"
+    )
     i = len(sizes) - 1
     ratio = peak["tiled"][i] / peak["naive"][i]
-    print(f"N = {sizes[i]}: the recomputing backward's peak is {ratio:.4f} of naive autograd's (1/{1 / ratio:.0f})")
-    finish(run, {
-        "load_average": None,  # filled by finish: [before, after]
-        "config": {
-            "batch": 1,
-            "heads": HEADS,
-            "d": DIM,
-            "dtype": "float32",
-            "block_size": BLOCK,
-            "is_causal": False,
-            "threads": THREADS,
-            "memory_threads": MEMORY_THREADS,
-            "omp_wait_policy": OMP_WAIT_POLICY,
-            "call": "forward + autograd.grad with respect to q, k, v",
-            "repeat": repeat,
+    print(
+        f"N = {sizes[i]}: the recomputing backward's peak is {ratio:.4f} of naive autograd's (1/{1 / ratio:.0f})"
+    )
+    finish(
+        run,
+        {
+            "load_average": None,  # filled by finish: [before, after]
+            "config": {
+                "batch": 1,
+                "heads": HEADS,
+                "d": DIM,
+                "dtype": "float32",
+                "block_size": BLOCK,
+                "is_causal": False,
+                "threads": THREADS,
+                "memory_threads": MEMORY_THREADS,
+                "omp_wait_policy": OMP_WAIT_POLICY,
+                "call": "forward + autograd.grad with respect to q, k, v",
+                "repeat": repeat,
+            },
+            "n": sizes,
+            "peak_mib": peak,
+            "timed_n": timed,
+            "time_s": times,
+            "time_s_q1": q1,
+            "time_s_q3": q3,
+            "memory_ratio_8192": {
+                name: peak[name][i] / peak["naive"][i] for name in CONTENDERS
+            },
+            "recompute": recompute,
         },
-        "n": sizes,
-        "peak_mib": peak,
-        "timed_n": timed,
-        "time_s": times,
-        "time_s_q1": q1,
-        "time_s_q3": q3,
-        "memory_ratio_8192": {name: peak[name][i] / peak["naive"][i] for name in CONTENDERS},
-        "recompute": recompute,
-    }, repeat=repeat)
+        repeat=repeat,
+    )
 
 
 if __name__ == "__main__":

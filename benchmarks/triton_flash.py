@@ -1,4 +1,4 @@
-"""The FlashAttention-2 Triton kernel against PyTorch's fused SDPA on a CUDA GPU (chapter 15).
+"""The FlashAttention-2 Triton kernel against PyTorch's fused SDPA on a CUDA GPU (chapter 16).
 
 Runs only where a CUDA device is present (it refuses otherwise: on a CPU the kernel runs
 under Triton's interpreter, which is for correctness, not speed). For each sequence length
@@ -66,7 +66,11 @@ def _errors(fn, n, dtype, causal):
     result = {}
     for name, r, a, b in zip(names, reference, ours, torchs):
         mine, theirs = (a - r).abs().max().item(), (b - r).abs().max().item()
-        result[name] = {"ours": mine, "torch": theirs, "within_rule": mine <= 2 * theirs}
+        result[name] = {
+            "ours": mine,
+            "torch": theirs,
+            "within_rule": mine <= 2 * theirs,
+        }
     return result
 
 
@@ -79,7 +83,10 @@ def _time(fns):
     samples = {name: [] for name in fns}
     for _ in range(REPEAT):
         for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
             start.record()
             fn()
             end.record()
@@ -90,46 +97,75 @@ def _time(fns):
 
 def main() -> None:
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/triton_flash.py needs a CUDA device: on the CPU the kernel runs "
-                 "under Triton's interpreter, which is for correctness, not speed")
+        sys.exit(
+            "benchmarks/triton_flash.py needs a CUDA device: on the CPU the kernel runs "
+            "under Triton's interpreter, which is for correctness, not speed"
+        )
     import triton
 
     from attention.efficient.triton_flash import flash_attention_triton
 
     causal, dtype = True, torch.float16
-    errors = {str(dt).removeprefix("torch."): {n: _errors(flash_attention_triton, n, dt, causal)
-                                               for n in LENGTHS[:3]}
-              for dt in (torch.float16, torch.bfloat16)}
+    errors = {
+        str(dt).removeprefix("torch."): {
+            n: _errors(flash_attention_triton, n, dt, causal) for n in LENGTHS[:3]
+        }
+        for dt in (torch.float16, torch.bfloat16)
+    }
     times = {}
     for n in LENGTHS:
-        q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True)
+            for _ in range(3)
+        )
         grad = torch.randn_like(q)
 
         def forward(attend, q=q, k=k, v=v):
             return lambda: attend(q, k, v, is_causal=causal)
 
         def training(attend, q=q, k=k, v=v, grad=grad):
-            return lambda: torch.autograd.grad(attend(q, k, v, is_causal=causal), (q, k, v), grad)
+            return lambda: torch.autograd.grad(
+                attend(q, k, v, is_causal=causal), (q, k, v), grad
+            )
 
         with torch.no_grad():
-            fwd = _time({"triton": forward(flash_attention_triton),
-                         "sdpa": forward(F.scaled_dot_product_attention)})
-        both = _time({"triton": training(flash_attention_triton),
-                      "sdpa": training(F.scaled_dot_product_attention)})
+            fwd = _time(
+                {
+                    "triton": forward(flash_attention_triton),
+                    "sdpa": forward(F.scaled_dot_product_attention),
+                }
+            )
+        both = _time(
+            {
+                "triton": training(flash_attention_triton),
+                "sdpa": training(F.scaled_dot_product_attention),
+            }
+        )
         for label, result in (("forward", fwd), ("forward_backward", both)):
             for name, (median, q1, q3) in result.items():
-                slot = times.setdefault(f"{name}_{label}", {"median": [], "q1": [], "q3": []})
+                slot = times.setdefault(
+                    f"{name}_{label}", {"median": [], "q1": [], "q3": []}
+                )
                 slot["median"].append(median)
                 slot["q1"].append(q1)
                 slot["q3"].append(q3)
-        print(f"n = {n}: " + ", ".join(f"{key} {value['median'][-1]:.3f} ms"
-                                        for key, value in times.items()))
+        print(
+            f"n = {n}: "
+            + ", ".join(
+                f"{key} {value['median'][-1]:.3f} ms" for key, value in times.items()
+            )
+        )
     data = {
-        "stamp": {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
-                  "torch": torch.__version__, "triton": triton.__version__,
-                  "date": _dt.date.today().isoformat(), "warmup": WARMUP, "repeat": REPEAT,
-                  "omp_wait_policy": POLICY},
+        "stamp": {
+            "gpu": torch.cuda.get_device_name(),
+            "cuda": torch.version.cuda,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "date": _dt.date.today().isoformat(),
+            "warmup": WARMUP,
+            "repeat": REPEAT,
+            "omp_wait_policy": POLICY,
+        },
         "config": {"b": B, "h": H, "d": D, "dtype": str(dtype), "causal": causal},
         "n": LENGTHS,
         "error": errors,

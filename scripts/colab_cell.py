@@ -32,13 +32,15 @@ def repository_url() -> str:
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     url = (config.get("repository") or {}).get("url")
     if not isinstance(url, str) or not url.startswith("https://"):
-        raise SystemExit(f"_config.yml: repository.url must be an https URL, got {url!r}")
+        raise SystemExit(
+            f"_config.yml: repository.url must be an https URL, got {url!r}"
+        )
     return url.rstrip("/")
 
 
 REPOSITORY = repository_url()
 
-SOURCE = f'''# Running this chapter outside the course's environment (Colab, a bare Jupyter)?
+SOURCE = f"""# Running this chapter outside the course's environment (Colab, a bare Jupyter)?
 # Then install the course package first; in the course's environment this does nothing.
 import importlib
 import importlib.util
@@ -51,7 +53,7 @@ if importlib.util.find_spec("attention") is None:
         "ATTENTION_COURSE_SOURCE", "attention-course[pretrained] @ git+{REPOSITORY}"
     )
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", source], check=True)
-    importlib.invalidate_caches()'''
+    importlib.invalidate_caches()"""
 
 METADATA = {
     "tags": ["hide-cell"],
@@ -63,7 +65,9 @@ METADATA = {
 
 
 def is_install_cell(cell: dict) -> bool:
-    return cell["cell_type"] == "code" and "ATTENTION_COURSE_SOURCE" in "".join(cell["source"])
+    return cell["cell_type"] == "code" and "ATTENTION_COURSE_SOURCE" in "".join(
+        cell["source"]
+    )
 
 
 def install_cell() -> dict:
@@ -88,8 +92,11 @@ def main(argv: list[str]) -> int:
         cells = nb["cells"]
         n = first_code_index(cells)
         meta = cells[n]["metadata"]
-        ok = is_install_cell(cells[n]) and "".join(cells[n]["source"]) == SOURCE \
+        ok = (
+            is_install_cell(cells[n])
+            and "".join(cells[n]["source"]) == SOURCE
             and all(meta.get(key) == value for key, value in METADATA.items())
+        )
         if ok:
             continue
         missing.append(path.name)

@@ -7,10 +7,10 @@ export PYTHONHASHSEED=0
 elapsed() { echo "($1 took $(( $(date +%s) - $2 )) s)"; }
 
 # The chapters the second PyTorch re-executes (all of them would not fit CI's 20 minutes
-# once the course has 19 chapters): numerics (02), PyTorch's nn.MultiheadAttention and SDPA
-# (06), torch.distributed and autograd (14), FlexAttention and the KV caches (16), Hugging
-# Face's model (17). The README lists the same ones (tests/test_reader_launch.py checks it).
-TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/14_distributed.ipynb chapters/15_triton_flash.ipynb chapters/16_llm_inference.ipynb chapters/17_pretrained_model.ipynb"
+# once the course has 20 chapters): numerics (2), PyTorch's nn.MultiheadAttention and SDPA
+# (6), torch.distributed and autograd (15), Triton's interpreter (16), Hugging Face's
+# model (17), FlexAttention and the KV caches (18). The README lists the same ones (tests/test_reader_launch.py checks it).
+TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/15_distributed.ipynb chapters/16_triton_flash.ipynb chapters/17_pretrained_model.ipynb chapters/18_llm_inference.ipynb"
 
 echo "== 1. lint: ruff check"
 $BIN/ruff check src tests benchmarks scripts

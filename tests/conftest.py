@@ -21,8 +21,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def qkv(i, j=None, *, d=8, e=5, batch=(2, 3), h=None, h_kv=None, seed=0, grad=False,
-        dtype=torch.float64, size=1.0):
+def qkv(
+    i,
+    j=None,
+    *,
+    d=8,
+    e=5,
+    batch=(2, 3),
+    h=None,
+    h_kv=None,
+    seed=0,
+    grad=False,
+    dtype=torch.float64,
+    size=1.0,
+):
     """Random query ``(*batch, [h,] i, d)``, key ``(*batch, [h_kv,] j, d)`` and value
     ``(*batch, [h_kv,] j, e)``, drawn in that order from one seeded generator (float64).
 

@@ -17,8 +17,10 @@ D64 = torch.float64
 
 def qk(b=2, i=3, j=5, d_q=4, d_k=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, i, d_q, generator=g, dtype=D64),
-            torch.randn(b, j, d_k, generator=g, dtype=D64))
+    return (
+        torch.randn(b, i, d_q, generator=g, dtype=D64),
+        torch.randn(b, j, d_k, generator=g, dtype=D64),
+    )
 
 
 def randn(*shape, seed=0):
@@ -38,7 +40,9 @@ def test_gradcheck_additive_attention():
     names = [n for n, _ in attn.named_parameters()]
 
     def f(q, k, v, *ps):
-        return torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v), {"attn_mask": mask})
+        return torch.func.functional_call(
+            attn, dict(zip(names, ps)), (q, k, v), {"attn_mask": mask}
+        )
 
     ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
     assert torch.autograd.gradcheck(f, (q, k, v, *ps))
@@ -79,7 +83,9 @@ def test_additive_attention_masks():
     context, weights = attn(torch.randn(2, 3), k, v, attn_mask=mask)
     assert torch.equal(weights[~mask], torch.zeros(int((~mask).sum())))
     torch.testing.assert_close(weights[0].sum(), torch.tensor(1.0))
-    assert torch.equal(weights[1], torch.zeros(4)) and torch.equal(context[1], torch.zeros(2))
+    assert torch.equal(weights[1], torch.zeros(4)) and torch.equal(
+        context[1], torch.zeros(2)
+    )
     seq_mask = mask[:, None, :].expand(2, 3, 4)
     _, w_seq = attn(torch.randn(2, 3, 3), k, v, attn_mask=seq_mask)
     assert (w_seq[~seq_mask] == 0).all() and (w_seq[1] == 0).all()
@@ -88,8 +94,12 @@ def test_additive_attention_masks():
 def test_additive_attention_fully_masked_row_has_finite_gradient():
     attn = AdditiveAttention(3, 5, 2, d_hidden=4)
     q = torch.randn(1, 3, requires_grad=True)
-    context, _ = attn(q, torch.randn(1, 4, 5), torch.randn(1, 4, 2),
-                      attn_mask=torch.zeros(1, 4, dtype=torch.bool))
+    context, _ = attn(
+        q,
+        torch.randn(1, 4, 5),
+        torch.randn(1, 4, 2),
+        attn_mask=torch.zeros(1, 4, dtype=torch.bool),
+    )
     context.sum().backward()
     assert torch.isfinite(q.grad).all()
 
@@ -100,19 +110,31 @@ def test_additive_attention_rejects_wrong_key_size():
 
 
 def test_additive_attention_rejects_wrong_value_size():
-    with pytest.raises(ValueError, match=r"value must have d_v = 7 features \(its last dimension\), got 2"):
-        AdditiveAttention(3, 5, 7, 4)(torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 6, 2))
+    with pytest.raises(
+        ValueError,
+        match=r"value must have d_v = 7 features \(its last dimension\), got 2",
+    ):
+        AdditiveAttention(3, 5, 7, 4)(
+            torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 6, 2)
+        )
 
 
 def test_additive_attention_rejects_key_value_length_mismatch():
-    with pytest.raises(ValueError, match=r"value must have one row per key position: j = 6, got 5 rows"):
-        AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 5, 2))
+    with pytest.raises(
+        ValueError, match=r"value must have one row per key position: j = 6, got 5 rows"
+    ):
+        AdditiveAttention(3, 5, d_hidden=4)(
+            torch.randn(2, 3), torch.randn(2, 6, 5), torch.randn(2, 5, 2)
+        )
 
 
 def test_additive_attention_rejects_bad_mask_shape():
     with pytest.raises(ValueError, match=r"does not broadcast"):
-        AdditiveAttention(3, 5, d_hidden=4)(torch.randn(2, 3), torch.randn(2, 6, 5),
-                                             attn_mask=torch.ones(2, 5, dtype=torch.bool))
+        AdditiveAttention(3, 5, d_hidden=4)(
+            torch.randn(2, 3),
+            torch.randn(2, 6, 5),
+            attn_mask=torch.ones(2, 5, dtype=torch.bool),
+        )
 
 
 def test_additive_attention_propagates_nan_from_a_key():
@@ -145,15 +167,25 @@ def test_multidimensional_masks():
 
 def test_multidimensional_scores_and_context_match_einsum():
     q, k, v = randn(2, 3, 4), randn(2, 5, 6, seed=1), randn(2, 5, 7, seed=2)
-    w1, w2, b, wo, bo = (randn(8, 4, seed=3), randn(8, 6, seed=4), randn(8, seed=5),
-                         randn(7, 8, seed=6), randn(7, seed=7))
-    hidden = torch.tanh(torch.einsum("hd,bid->bih", w1, q)[:, :, None]
-                        + torch.einsum("hd,bjd->bjh", w2, k)[:, None] + b)
+    w1, w2, b, wo, bo = (
+        randn(8, 4, seed=3),
+        randn(8, 6, seed=4),
+        randn(8, seed=5),
+        randn(7, 8, seed=6),
+        randn(7, seed=7),
+    )
+    hidden = torch.tanh(
+        torch.einsum("hd,bid->bih", w1, q)[:, :, None]
+        + torch.einsum("hd,bjd->bjh", w2, k)[:, None]
+        + b
+    )
     expected_s = torch.einsum("fh,bijh->bijf", wo, hidden) + bo
     s = multidimensional_scores(q, k, w1, w2, wo, b, bo)
     torch.testing.assert_close(s, expected_s)
     w = multidimensional_weights(s)
-    torch.testing.assert_close(multidimensional_attention(w, v), torch.einsum("bijf,bjf->bif", w, v))
+    torch.testing.assert_close(
+        multidimensional_attention(w, v), torch.einsum("bijf,bjf->bif", w, v)
+    )
 
 
 def test_multidimensional_with_equal_feature_scores_is_single_dimensional():
@@ -179,13 +211,21 @@ def test_multidimensional_attention_module_shapes_and_gradcheck():
     vv = v[:1, :3].clone().requires_grad_(True)
     ps = tuple(p.detach().clone().requires_grad_(True) for p in attn.parameters())
     assert torch.autograd.gradcheck(
-        lambda q, k, v, *ps: torch.func.functional_call(attn, dict(zip(names, ps)), (q, k, v)),
-        (q, kk, vv, *ps))
+        lambda q, k, v, *ps: torch.func.functional_call(
+            attn, dict(zip(names, ps)), (q, k, v)
+        ),
+        (q, kk, vv, *ps),
+    )
 
 
 def test_multidimensional_attention_rejects_wrong_value_size():
-    with pytest.raises(ValueError, match=r"value must have d_v = 4 features \(its last dimension\), got 3"):
-        MultiDimensionalAttention(3, 5, 4, 6)(torch.randn(2, 3), torch.randn(2, 7, 5), torch.randn(2, 7, 3))
+    with pytest.raises(
+        ValueError,
+        match=r"value must have d_v = 4 features \(its last dimension\), got 3",
+    ):
+        MultiDimensionalAttention(3, 5, 4, 6)(
+            torch.randn(2, 3), torch.randn(2, 7, 5), torch.randn(2, 7, 3)
+        )
 
 
 def test_multidimensional_attention_rejects_values_of_another_dtype():

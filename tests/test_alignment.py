@@ -34,14 +34,20 @@ def test_soft_alignment_is_softmax_over_keys():
 
 def test_soft_alignment_masked_exactly_zero_and_dead_row_zero():
     s = randn(2, 3, 4)
-    mask = torch.tensor([[True, False, True, True],
-                         [False, False, False, False],
-                         [True, True, True, False]])  # (i, j), broadcast over b
+    mask = torch.tensor(
+        [
+            [True, False, True, True],
+            [False, False, False, False],
+            [True, True, True, False],
+        ]
+    )  # (i, j), broadcast over b
     w = soft_alignment(s, attn_mask=mask)
     assert torch.equal(w[:, ~mask], torch.zeros_like(w[:, ~mask]))
     assert torch.equal(w[:, 1], torch.zeros(2, 4, dtype=D64))
     torch.testing.assert_close(w[:, [0, 2]].sum(-1), torch.ones(2, 2, dtype=D64))
-    expected = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+    expected = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(
+        0.0
+    )
     torch.testing.assert_close(w, expected)
 
 
@@ -52,7 +58,10 @@ def test_soft_attention_is_weighted_sum():
 
 
 def test_soft_alignment_rejects_bad_mask():
-    with pytest.raises(ValueError, match=r"does not broadcast to the \(\.\.\., i, j\) scores of shape \(3, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not broadcast to the \(\.\.\., i, j\) scores of shape \(3, 5\)",
+    ):
         soft_alignment(randn(3, 5), attn_mask=torch.ones(3, 4, dtype=torch.bool))
 
 
@@ -68,7 +77,9 @@ def test_hard_alignment_is_reproducible_with_a_generator():
 
 
 def test_hard_alignment_never_picks_a_zero_weight_key():
-    w = soft_alignment(randn(4, 6), attn_mask=torch.tensor([True, False, True, False, False, True]))
+    w = soft_alignment(
+        randn(4, 6), attn_mask=torch.tensor([True, False, True, False, False, True])
+    )
     idx = hard_alignment(w, generator=torch.Generator().manual_seed(0), num_samples=500)
     assert set(idx.unique().tolist()) <= {0, 2, 5}
 
@@ -86,18 +97,27 @@ def test_hard_attention_expectation_is_soft_attention():
     """Monte-Carlo mean of n draws = soft context, within 5 standard errors."""
     w, v = soft_alignment(randn(2, 3, 6)), randn(2, 6, 4, seed=1)
     n = 20_000
-    contexts, _ = hard_attention(w, v, generator=torch.Generator().manual_seed(0), num_samples=n)
+    contexts, _ = hard_attention(
+        w, v, generator=torch.Generator().manual_seed(0), num_samples=n
+    )
     soft = w @ v
     # per-coordinate variance of one draw: sum_j w_ij (v_jc - soft_ic)^2
-    var = torch.einsum("bij,bijc->bic", w, (v[:, None, :, :] - soft[:, :, None, :]) ** 2)
+    var = torch.einsum(
+        "bij,bijc->bic", w, (v[:, None, :, :] - soft[:, :, None, :]) ** 2
+    )
     assert ((contexts.mean(0) - soft).abs() <= 5 * (var / n).sqrt() + 1e-12).all()
     # and the sample variance matches the formula
     torch.testing.assert_close(contexts.var(0), var, rtol=0.1, atol=1e-3)
 
 
 def test_hard_attention_dead_row_gives_index_minus_one_and_zero_context():
-    w = soft_alignment(randn(2, 3), attn_mask=torch.tensor([[True, True, False], [False, False, False]]))
-    context, idx = hard_attention(w, randn(3, 4), generator=torch.Generator().manual_seed(0))
+    w = soft_alignment(
+        randn(2, 3),
+        attn_mask=torch.tensor([[True, True, False], [False, False, False]]),
+    )
+    context, idx = hard_attention(
+        w, randn(3, 4), generator=torch.Generator().manual_seed(0)
+    )
     assert idx[1].item() == -1 and torch.equal(context[1], torch.zeros(4, dtype=D64))
 
 
@@ -111,7 +131,9 @@ def test_hard_alignment_rejects_negative_weights():
 
 def test_local_centre_formula():
     q, w_p, v_p = randn(2, 3, 4), randn(5, 4, seed=1), randn(5, seed=2)
-    expected = 10 * torch.sigmoid(torch.einsum("h,bih->bi", v_p, torch.tanh(torch.einsum("hd,bid->bih", w_p, q))))
+    expected = 10 * torch.sigmoid(
+        torch.einsum("h,bih->bi", v_p, torch.tanh(torch.einsum("hd,bid->bih", w_p, q)))
+    )
     p = local_centre(q, w_p, v_p, 10)
     torch.testing.assert_close(p, expected)
     assert ((p > 0) & (p < 10)).all()
@@ -152,7 +174,11 @@ def test_local_alignment_module_shapes_and_gradient_to_predictor():
     q, s, v = randn(2, 3, 4), randn(2, 3, 10, seed=1), randn(2, 10, 5, seed=2)
     context, weights = align(q, s, v)
     centre = align.centre(q, 10)
-    assert context.shape == (2, 3, 5) and weights.shape == (2, 3, 10) and centre.shape == (2, 3)
+    assert (
+        context.shape == (2, 3, 5)
+        and weights.shape == (2, 3, 10)
+        and centre.shape == (2, 3)
+    )
     torch.testing.assert_close(weights, local_alignment(s, centre, 2.0))
     torch.testing.assert_close(context, weights @ v)
     assert set(n for n, _ in align.named_parameters()) == {"w_p", "v_p"}
@@ -177,7 +203,10 @@ def test_negative_half_width_is_rejected():
 
 
 def test_local_alignment_rejects_wrong_centre_shape():
-    with pytest.raises(ValueError, match=r"centre must hold one position per query, shape scores.shape\[:-1\] = \(2,\), got \(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"centre must hold one position per query, shape scores.shape\[:-1\] = \(2,\), got \(3,\)",
+    ):
         local_alignment(randn(2, 5), torch.zeros(3, dtype=D64), 1.0)
 
 
@@ -197,8 +226,9 @@ def test_local_alignment_entropy_sanity():
 def test_hard_alignment_with_no_keys_gives_minus_one_and_zero_context():
     idx = hard_alignment(torch.zeros(2, 3, 0, dtype=D64))
     assert idx.shape == (2, 3) and (idx == -1).all()
-    context, idx = hard_attention(torch.zeros(3, 0, dtype=D64), torch.zeros(0, 4, dtype=D64),
-                                  num_samples=2)
+    context, idx = hard_attention(
+        torch.zeros(3, 0, dtype=D64), torch.zeros(0, 4, dtype=D64), num_samples=2
+    )
     assert context.shape == (2, 3, 4) and (context == 0).all()
 
 
@@ -214,21 +244,48 @@ def test_local_alignment_ignores_a_nan_outside_the_window():
 @pytest.mark.parametrize(
     "call, exc, match",
     [
-        (lambda: hard_alignment(torch.ones(2, 3), generator=0), TypeError,
-         "generator must be a torch.Generator or None, got int"),
-        (lambda: hard_alignment(torch.ones(2, 3), num_samples=0), ValueError,
-         "num_samples must be >= 1, got 0"),
-        (lambda: soft_attention(randn(2, 3), randn(3, 4).to("meta")), ValueError,
-         "value and weights must be on the same device, got meta and cpu"),
-        (lambda: soft_attention(randn(2, 2, 3), randn(3, 3, 4)), ValueError,
-         r"batch dims of weights and value must broadcast"),
-        (lambda: local_alignment(randn(2, 5), torch.zeros(2), 1.0), TypeError,
-         r"centre must have the dtype of scores \(torch.float64\)"),
-        (lambda: local_alignment(randn(2, 5), torch.zeros(2, dtype=D64), 1.0, sigma="1"), TypeError,
-         "sigma must be a float"),
-        (lambda: LocalAlignment(4, 6, 2.0, sigma=-1.0), ValueError, "sigma must be >= 0, got -1.0"),
-        (lambda: local_centre(randn(2, 4), torch.zeros(3, 4), torch.zeros(3), 5), TypeError,
-         r"the dtype of w_p|v_p"),
+        (
+            lambda: hard_alignment(torch.ones(2, 3), generator=0),
+            TypeError,
+            "generator must be a torch.Generator or None, got int",
+        ),
+        (
+            lambda: hard_alignment(torch.ones(2, 3), num_samples=0),
+            ValueError,
+            "num_samples must be >= 1, got 0",
+        ),
+        (
+            lambda: soft_attention(randn(2, 3), randn(3, 4).to("meta")),
+            ValueError,
+            "value and weights must be on the same device, got meta and cpu",
+        ),
+        (
+            lambda: soft_attention(randn(2, 2, 3), randn(3, 3, 4)),
+            ValueError,
+            r"batch dims of weights and value must broadcast",
+        ),
+        (
+            lambda: local_alignment(randn(2, 5), torch.zeros(2), 1.0),
+            TypeError,
+            r"centre must have the dtype of scores \(torch.float64\)",
+        ),
+        (
+            lambda: local_alignment(
+                randn(2, 5), torch.zeros(2, dtype=D64), 1.0, sigma="1"
+            ),
+            TypeError,
+            "sigma must be a float",
+        ),
+        (
+            lambda: LocalAlignment(4, 6, 2.0, sigma=-1.0),
+            ValueError,
+            "sigma must be >= 0, got -1.0",
+        ),
+        (
+            lambda: local_centre(randn(2, 4), torch.zeros(3, 4), torch.zeros(3), 5),
+            TypeError,
+            r"the dtype of w_p|v_p",
+        ),
     ],
 )
 def test_bad_input_classes(call, exc, match):

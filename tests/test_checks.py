@@ -43,7 +43,9 @@ def test_every_masked_softmax_of_the_package_behaves_as_torchs_sdpa_weights():
     expected = expected.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     eye = torch.eye(5, dtype=f64)
     ways = {
-        "attention_weights": lambda s, m: scaled_dot_product.attention_weights(s, eye, attn_mask=m, scale=1.0),
+        "attention_weights": lambda s, m: scaled_dot_product.attention_weights(
+            s, eye, attn_mask=m, scale=1.0
+        ),
         "soft_alignment": lambda s, m: alignment.soft_alignment(s, attn_mask=m),
         "multidimensional_weights": lambda s, m: additive.multidimensional_weights(
             s[..., None], attn_mask=m
@@ -85,7 +87,9 @@ def test_masked_softmax_dead_rows_have_zero_weights_and_finite_gradients():
 @pytest.mark.parametrize("repeats", [1, 2, 4])
 def test_expand_kv_heads_is_repeat_interleave(repeats):
     x = torch.randn(2, 3, 5, 4)
-    assert torch.equal(_core.expand_kv_heads(x, 3 * repeats), x.repeat_interleave(repeats, dim=-3))
+    assert torch.equal(
+        _core.expand_kv_heads(x, 3 * repeats), x.repeat_interleave(repeats, dim=-3)
+    )
 
 
 def test_default_scale():
@@ -98,7 +102,9 @@ def test_default_scale():
 
 
 def test_validate_attention_returns_the_scores_shape():
-    shape = validate_attention(T(2, 1, 8, 3, 4), T(5, 2, 7, 4), T(5, 2, 7, 6), enable_gqa=True)
+    shape = validate_attention(
+        T(2, 1, 8, 3, 4), T(5, 2, 7, 4), T(5, 2, 7, 6), enable_gqa=True
+    )
     assert shape == (2, 5, 8, 3, 7)
     assert validate_attention(T(3, 4), T(7, 4), T(7, 2)) == (3, 7)
 
@@ -107,41 +113,116 @@ def test_validate_attention_returns_the_scores_shape():
 
 
 BAD = {
-    "bool flag": (lambda: check_bool("is_causal", "no"), TypeError,
-                  "is_causal must be a bool .* got str 'no'"),
-    "int is not bool": (lambda: check_int("n", True), TypeError, "n must be an int, got bool"),
-    "int minimum": (lambda: check_int("n", -1, minimum=0), ValueError, "n must be >= 0, got -1"),
-    "size": (lambda: check_size("block_size", 0), ValueError, "block_size must be >= 1, got 0"),
-    "size float": (lambda: check_size("block_size", 2.0), TypeError, "block_size must be an int"),
-    "scale bool": (lambda: check_scale(True), TypeError, "scale must be a float or None, got bool"),
+    "bool flag": (
+        lambda: check_bool("is_causal", "no"),
+        TypeError,
+        "is_causal must be a bool .* got str 'no'",
+    ),
+    "int is not bool": (
+        lambda: check_int("n", True),
+        TypeError,
+        "n must be an int, got bool",
+    ),
+    "int minimum": (
+        lambda: check_int("n", -1, minimum=0),
+        ValueError,
+        "n must be >= 0, got -1",
+    ),
+    "size": (
+        lambda: check_size("block_size", 0),
+        ValueError,
+        "block_size must be >= 1, got 0",
+    ),
+    "size float": (
+        lambda: check_size("block_size", 2.0),
+        TypeError,
+        "block_size must be an int",
+    ),
+    "scale bool": (
+        lambda: check_scale(True),
+        TypeError,
+        "scale must be a float or None, got bool",
+    ),
     "scale tensor": (lambda: check_scale(torch.tensor(1.0)), TypeError, "got Tensor"),
-    "probability": (lambda: check_probability("dropout_p", 1.5), ValueError,
-                    r"dropout_p must lie in \[0, 1\), got 1.5"),
-    "choice": (lambda: check_choice("side", "up", ("right", "left")), ValueError,
-               "side must be one of 'right', 'left', got 'up'"),
+    "probability": (
+        lambda: check_probability("dropout_p", 1.5),
+        ValueError,
+        r"dropout_p must lie in \[0, 1\), got 1.5",
+    ),
+    "choice": (
+        lambda: check_choice("side", "up", ("right", "left")),
+        ValueError,
+        "side must be one of 'right', 'left', got 'up'",
+    ),
     "dim type": (lambda: check_dim("dim", 1.0, 3), TypeError, "dim must be an int"),
-    "dim range": (lambda: check_dim("dim", 3, 3), ValueError,
-                  r"dim must lie in \[-3, 2\] for a tensor with 3 dimensions, got 3"),
-    "dtype": (lambda: check_dtype("dtype", "float32"), TypeError, "dtype must be a torch.dtype"),
-    "dtype floating": (lambda: check_dtype("dtype", torch.int32, floating=True), TypeError,
-                       "floating-point dtype, got torch.int32"),
-    "device type": (lambda: check_device("device", 1.5), TypeError, "device must be a torch.device"),
-    "device value": (lambda: check_device("device", "gpu7"), ValueError, "not a valid device"),
-    "generator": (lambda: check_generator(0), TypeError, "generator must be a torch.Generator or None, got int"),
-    "same device": (lambda: check_same_device(query=T(2), key=T(2).to("meta")), ValueError,
-                    "query and key must be on the same device, got cpu and meta"),
-    "like dtype": (lambda: check_like("x", T(2), "the module's parameters", T(2, dtype=torch.float32)),
-                   TypeError, r"x must have the dtype of the module's parameters \(torch.float32\), "
-                              "got torch.float64"),
-    "qkv not tensor": (lambda: check_qkv([1.0], T(2, 2)), TypeError, "query must be a torch.Tensor, got list"),
-    "qkv integer": (lambda: check_qkv(T(2, 2, dtype=torch.long), T(2, 2)), TypeError,
-                    "query must have a floating-point dtype"),
-    "qkv d": (lambda: check_qkv(T(3, 24), T(4, 16), T(4, 2)), ValueError,
-              "query and key must share their last dimension d, got 24 and 16"),
-    "qkv j": (lambda: check_qkv(T(3, 4), T(4, 4), T(5, 2)), ValueError,
-              "key and value must have the same number of positions j, got 4 and 5"),
-    "value None": (lambda: validate_attention(T(3, 4), T(3, 4), None), TypeError,
-                   "value must be a torch.Tensor, got NoneType"),
+    "dim range": (
+        lambda: check_dim("dim", 3, 3),
+        ValueError,
+        r"dim must lie in \[-3, 2\] for a tensor with 3 dimensions, got 3",
+    ),
+    "dtype": (
+        lambda: check_dtype("dtype", "float32"),
+        TypeError,
+        "dtype must be a torch.dtype",
+    ),
+    "dtype floating": (
+        lambda: check_dtype("dtype", torch.int32, floating=True),
+        TypeError,
+        "floating-point dtype, got torch.int32",
+    ),
+    "device type": (
+        lambda: check_device("device", 1.5),
+        TypeError,
+        "device must be a torch.device",
+    ),
+    "device value": (
+        lambda: check_device("device", "gpu7"),
+        ValueError,
+        "not a valid device",
+    ),
+    "generator": (
+        lambda: check_generator(0),
+        TypeError,
+        "generator must be a torch.Generator or None, got int",
+    ),
+    "same device": (
+        lambda: check_same_device(query=T(2), key=T(2).to("meta")),
+        ValueError,
+        "query and key must be on the same device, got cpu and meta",
+    ),
+    "like dtype": (
+        lambda: check_like(
+            "x", T(2), "the module's parameters", T(2, dtype=torch.float32)
+        ),
+        TypeError,
+        r"x must have the dtype of the module's parameters \(torch.float32\), "
+        "got torch.float64",
+    ),
+    "qkv not tensor": (
+        lambda: check_qkv([1.0], T(2, 2)),
+        TypeError,
+        "query must be a torch.Tensor, got list",
+    ),
+    "qkv integer": (
+        lambda: check_qkv(T(2, 2, dtype=torch.long), T(2, 2)),
+        TypeError,
+        "query must have a floating-point dtype",
+    ),
+    "qkv d": (
+        lambda: check_qkv(T(3, 24), T(4, 16), T(4, 2)),
+        ValueError,
+        "query and key must share their last dimension d, got 24 and 16",
+    ),
+    "qkv j": (
+        lambda: check_qkv(T(3, 4), T(4, 4), T(5, 2)),
+        ValueError,
+        "key and value must have the same number of positions j, got 4 and 5",
+    ),
+    "value None": (
+        lambda: validate_attention(T(3, 4), T(3, 4), None),
+        TypeError,
+        "value must be a torch.Tensor, got NoneType",
+    ),
 }
 
 
@@ -153,7 +234,9 @@ def test_bad_input(name):
 
 
 def test_checks_return_the_clean_value():
-    assert check_size("w", 10**6) == 10**6  # clamping to the sequence is the caller's job
+    assert (
+        check_size("w", 10**6) == 10**6
+    )  # clamping to the sequence is the caller's job
     assert check_scale(None) is None and check_scale(2) == 2.0
     assert check_dim("dim", -1, 3) == 2
     assert check_device("device", "cpu") == torch.device("cpu")
@@ -164,15 +247,24 @@ def test_nan_scale_is_allowed_and_propagates_as_in_torch():
     q = torch.randn(2, 3, dtype=f64)
     assert _checks.check_scale(float("nan")) != _checks.check_scale(float("nan"))
     out = scaled_dot_product.scaled_dot_product_attention(q, q, q, scale=float("nan"))
-    assert out.isnan().all() and F.scaled_dot_product_attention(q, q, q, scale=float("nan")).isnan().all()
+    assert (
+        out.isnan().all()
+        and F.scaled_dot_product_attention(q, q, q, scale=float("nan")).isnan().all()
+    )
 
 
 def test_setup_notebook_checks_everything_before_touching_global_state():
     from attention import setup_notebook
 
     threads, state = torch.get_num_threads(), torch.get_rng_state()
-    for kwargs, exc in (({"threads": 0}, ValueError), ({"seed": -1}, ValueError),
-                        ({"precision": 2.5}, TypeError), ({"seed": True}, TypeError)):
+    for kwargs, exc in (
+        ({"threads": 0}, ValueError),
+        ({"seed": -1}, ValueError),
+        ({"precision": 2.5}, TypeError),
+        ({"seed": True}, TypeError),
+    ):
         with pytest.raises(exc):
             setup_notebook(**{"seed": 3, **kwargs})
-        assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), state)
+        assert torch.get_num_threads() == threads and torch.equal(
+            torch.get_rng_state(), state
+        )

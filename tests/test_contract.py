@@ -42,10 +42,16 @@ def _torch(q, k, v, **kw):
 
 
 def _causal_and(mask, i, j):
-    causal = torch.ones(i, j, dtype=torch.bool).tril(j - i)  # the queries are the last i positions
+    causal = torch.ones(i, j, dtype=torch.bool).tril(
+        j - i
+    )  # the queries are the last i positions
     if mask is None:
         return causal
-    return mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, -torch.inf)
+    return (
+        mask & causal
+        if mask.dtype == torch.bool
+        else mask.masked_fill(~causal, -torch.inf)
+    )
 
 
 @dataclass
@@ -71,7 +77,9 @@ def _block_sparse(q, k, v, **kw):
 
 def _sinks(q, k, v, **kw):  # sinks that take no weight: plain attention
     h = getattr(q, "shape", k.shape)[-3]
-    return attention_with_sinks(q, k, v, torch.full((h,), -torch.inf, dtype=k.dtype), **kw)
+    return attention_with_sinks(
+        q, k, v, torch.full((h,), -torch.inf, dtype=k.dtype), **kw
+    )
 
 
 def _dual_chunk(q, k, v, **kw):
@@ -90,7 +98,9 @@ def _linformer(q, k, v, **kw):
     j = k.shape[-2]
     g = torch.Generator().manual_seed(3)
     e_proj = torch.randn(3, j, generator=g, dtype=k.dtype)
-    return linformer_attention(q, k, v, key_projection=e_proj, value_projection=e_proj.flip(0), **kw)
+    return linformer_attention(
+        q, k, v, key_projection=e_proj, value_projection=e_proj.flip(0), **kw
+    )
 
 
 def _linformer_reference(q, k, v, **kw):
@@ -101,26 +111,54 @@ def _linformer_reference(q, k, v, **kw):
 
 
 def _lsh(q, k, v, **kw):
-    return lsh_attention(k, k, v, num_buckets=2, chunk_size=4, generator=torch.Generator().manual_seed(0), **kw)
+    return lsh_attention(
+        k,
+        k,
+        v,
+        num_buckets=2,
+        chunk_size=4,
+        generator=torch.Generator().manual_seed(0),
+        **kw,
+    )
 
 
 KERNELS = [
     Kernel("scaled_dot_product_attention", scaled_dot_product_attention),
     Kernel("tiled_attention", partial(tiled_attention, block_size=3)),
-    Kernel("sliding_window_attention", partial(sliding_window_attention, window=1000, block_size=2)),
+    Kernel(
+        "sliding_window_attention",
+        partial(sliding_window_attention, window=1000, block_size=2),
+    ),
     Kernel("block_sparse_attention", _block_sparse),
     Kernel("attention_with_sinks", _sinks),
-    Kernel("dual_chunk_attention", _dual_chunk, _dual_chunk_reference, non_causal=False),
-    Kernel("linear_attention", linear_attention,
-           lambda q, k, v, **kw: linear_attention_naive(q, k, v, **kw), mask=False, scale=False),
-    Kernel("linformer_attention", _linformer, _linformer_reference, mask=False, causal=False),
+    Kernel(
+        "dual_chunk_attention", _dual_chunk, _dual_chunk_reference, non_causal=False
+    ),
+    Kernel(
+        "linear_attention",
+        linear_attention,
+        lambda q, k, v, **kw: linear_attention_naive(q, k, v, **kw),
+        mask=False,
+        scale=False,
+    ),
+    Kernel(
+        "linformer_attention",
+        _linformer,
+        _linformer_reference,
+        mask=False,
+        causal=False,
+    ),
     Kernel("lsh_attention", _lsh, mask=False, shared_qk=True, exact=False),
 ]
 IDS = [k.name for k in KERNELS]
 
 
 def _kernels(**needs):
-    return [pytest.param(k, id=k.name) for k in KERNELS if all(getattr(k, a) == v for a, v in needs.items())]
+    return [
+        pytest.param(k, id=k.name)
+        for k in KERNELS
+        if all(getattr(k, a) == v for a, v in needs.items())
+    ]
 
 
 def _inputs(kernel, i=5, j=7, h=4, h_kv=None, grad=False, **kw):
@@ -161,9 +199,13 @@ def test_validation_messages_name_the_rule(kernel):
             kernel.call(q, k, v, scale="big", **_opts(kernel))
     if kernel.mask:
         with pytest.raises(ValueError, match="attn_mask"):
-            kernel.call(q, k, v, attn_mask=torch.ones(3, 3, dtype=torch.bool), **_opts(kernel))
+            kernel.call(
+                q, k, v, attn_mask=torch.ones(3, 3, dtype=torch.bool), **_opts(kernel)
+            )
         with pytest.raises(TypeError, match="attn_mask"):
-            kernel.call(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.long), **_opts(kernel))
+            kernel.call(
+                q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.long), **_opts(kernel)
+            )
 
 
 @pytest.mark.parametrize("kernel", _kernels())
@@ -191,8 +233,12 @@ def test_refuses_what_it_cannot_honour_and_says_why(kernel):
         with pytest.raises(ValueError, match="scale"):
             kernel.call(q, k, v, scale=0.5)
     if kernel.mask and kernel.causal and kernel.non_causal:
-        with pytest.raises(ValueError, match="attn_mask.*is_causal|is_causal.*attn_mask"):
-            kernel.call(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True)
+        with pytest.raises(
+            ValueError, match="attn_mask.*is_causal|is_causal.*attn_mask"
+        ):
+            kernel.call(
+                q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool), is_causal=True
+            )
 
 
 # ----------------------------------------------------------------------------- results
@@ -209,12 +255,26 @@ def test_equals_its_dense_reference_with_gradients(kernel, causal, h_kv):
     out, ref = kernel.call(q, k, v, **opts), kernel.reference(q, k, v, **opts)
     torch.testing.assert_close(out, ref)
     w = torch.randn_like(ref)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), w), torch.autograd.grad(ref, (q, k, v), w)):
+    for a, b in zip(
+        torch.autograd.grad(out, (q, k, v), w), torch.autograd.grad(ref, (q, k, v), w)
+    ):
         torch.testing.assert_close(a, b)
 
 
-MASK_SHAPES = [(6, 7), (1, 7), (6, 1), (1, 1), (4, 6, 7), (4, 1, 1), (1, 6, 1), (2, 1, 1, 1),
-               (2, 4, 6, 7), (1, 4, 1, 7), (2, 1, 6, 1), (1, 1, 1, 1)]
+MASK_SHAPES = [
+    (6, 7),
+    (1, 7),
+    (6, 1),
+    (1, 1),
+    (4, 6, 7),
+    (4, 1, 1),
+    (1, 6, 1),
+    (2, 1, 1, 1),
+    (2, 4, 6, 7),
+    (1, 4, 1, 7),
+    (2, 1, 6, 1),
+    (1, 1, 1, 1),
+]
 
 
 @pytest.mark.parametrize("kernel", _kernels(mask=True))
@@ -225,12 +285,18 @@ def test_masks_broadcast_over_every_axis_torch_accepts(kernel, shape, kind):
     i, j = q.shape[-2], k.shape[-2]
     shape = tuple(j if s == 7 else s for s in shape)
     g = torch.Generator().manual_seed(sum(shape))
-    mask = torch.rand(shape, generator=g) > 0.3 if kind == "bool" else torch.randn(shape, generator=g, dtype=F64)
+    mask = (
+        torch.rand(shape, generator=g) > 0.3
+        if kind == "bool"
+        else torch.randn(shape, generator=g, dtype=F64)
+    )
     out = kernel.call(q, k, v, attn_mask=mask, enable_gqa=True, **_opts(kernel))
     ref = kernel.reference(q, k, v, attn_mask=mask, enable_gqa=True, **_opts(kernel))
     torch.testing.assert_close(out, ref)
     w = torch.randn_like(ref)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), w), torch.autograd.grad(ref, (q, k, v), w)):
+    for a, b in zip(
+        torch.autograd.grad(out, (q, k, v), w), torch.autograd.grad(ref, (q, k, v), w)
+    ):
         torch.testing.assert_close(a, b)
     assert i == q.shape[-2]
 
@@ -250,7 +316,9 @@ def test_a_row_with_no_visible_key_is_zero_with_finite_gradients(kernel):
 @pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
 def test_nan_in_a_query_propagates_to_its_row_only(kernel):
     q, k, v = _inputs(kernel, i=6, j=6)
-    if kernel.shared_qk:  # query is key: a NaN key reaches other rows, so poison a value row's query
+    if (
+        kernel.shared_qk
+    ):  # query is key: a NaN key reaches other rows, so poison a value row's query
         pytest.skip("query is key: a NaN query is also a NaN key")
     q = q.clone()
     q[0, 1, 2, 0] = float("nan")
@@ -274,8 +342,14 @@ def test_a_masked_key_holding_inf_makes_rows_nan_as_in_the_reference(kernel):
     out = kernel.call(q, k, v, attn_mask=mask, **_opts(kernel))
     ref = kernel.reference(q, k, v, attn_mask=mask, **_opts(kernel))
     torch.testing.assert_close(out, ref, equal_nan=True)
-    assert out.isnan().any()  # (every row, without RoPE turning some of these scores to -inf)
-    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, attn_mask=mask), _torch(q, k, v, attn_mask=mask), equal_nan=True)
+    assert (
+        out.isnan().any()
+    )  # (every row, without RoPE turning some of these scores to -inf)
+    torch.testing.assert_close(
+        scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        _torch(q, k, v, attn_mask=mask),
+        equal_nan=True,
+    )
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
@@ -299,5 +373,10 @@ def test_zero_size_features_ignore_the_scale_as_torch(kernel):
         pytest.skip("RoPE needs features")
     for scale in (None, float("nan"), 2.0):
         out = kernel.call(q, k, v, scale=scale, **_opts(kernel))
-        torch.testing.assert_close(out, kernel.reference(q, k, v, scale=scale, **_opts(kernel)))
-        assert torch.isfinite(out).all() and torch.isfinite(_torch(q, k, v, scale=scale)).all()
+        torch.testing.assert_close(
+            out, kernel.reference(q, k, v, scale=scale, **_opts(kernel))
+        )
+        assert (
+            torch.isfinite(out).all()
+            and torch.isfinite(_torch(q, k, v, scale=scale)).all()
+        )

@@ -77,7 +77,9 @@ def test_padding_mask_of_the_context():
     ref_out, ref_w = manual(m, xq, xc, mask)
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(w, ref_w)
-    ref = F.scaled_dot_product_attention(m.w_query(xq), m.w_key(xc), m.w_value(xc), attn_mask=mask)
+    ref = F.scaled_dot_product_attention(
+        m.w_query(xq), m.w_key(xc), m.w_value(xc), attn_mask=mask
+    )
     torch.testing.assert_close(out, ref)
 
 
@@ -101,22 +103,34 @@ def test_context_order_does_not_matter():
 def test_parameter_shapes():
     m = CrossAttention(16, 12, 24, 28)
     shapes = {name: tuple(p.shape) for name, p in m.named_parameters()}
-    assert shapes == {"w_query.weight": (24, 16), "w_key.weight": (24, 12),
-                      "w_value.weight": (28, 12)}
+    assert shapes == {
+        "w_query.weight": (24, 16),
+        "w_key.weight": (24, 12),
+        "w_value.weight": (28, 12),
+    }
 
 
 def test_wrong_query_features():
-    with pytest.raises(ValueError, match="x_query must have d_q_in=16 features in its last dimension, got 12"):
+    with pytest.raises(
+        ValueError,
+        match="x_query must have d_q_in=16 features in its last dimension, got 12",
+    ):
         make()(torch.randn(6, 12, dtype=DT), torch.randn(8, 12, dtype=DT))
 
 
 def test_wrong_context_features():
-    with pytest.raises(ValueError, match="x_context must have d_kv_in=12 features in its last dimension, got 16"):
+    with pytest.raises(
+        ValueError,
+        match="x_context must have d_kv_in=12 features in its last dimension, got 16",
+    ):
         make()(torch.randn(6, 16, dtype=DT), torch.randn(8, 16, dtype=DT))
 
 
 def test_wrong_dtype():
-    with pytest.raises(TypeError, match=r"x_context must have the dtype of the module\'s parameters \(torch.float64\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"x_context must have the dtype of the module\'s parameters \(torch.float64\)",
+    ):
         make()(torch.randn(6, 16, dtype=DT), torch.randn(8, 12))
 
 
@@ -127,8 +141,11 @@ def test_batches_that_do_not_broadcast():
 
 def test_mask_of_the_wrong_length():
     with pytest.raises(ValueError, match="does not broadcast"):
-        make()(torch.randn(6, 16, dtype=DT), torch.randn(8, 12, dtype=DT),
-               attn_mask=torch.ones(6, 6, dtype=torch.bool))
+        make()(
+            torch.randn(6, 16, dtype=DT),
+            torch.randn(8, 12, dtype=DT),
+            attn_mask=torch.ones(6, 6, dtype=torch.bool),
+        )
 
 
 def test_bad_size():
@@ -138,9 +155,15 @@ def test_bad_size():
 
 def test_empty_context_gives_zeros_as_torch():
     m = CrossAttention(16, 12, 24, 28).to(torch.float64)
-    out, w = m(torch.randn(3, 16, dtype=torch.float64), torch.randn(0, 12, dtype=torch.float64),
-               need_weights=True)
-    assert torch.equal(out, torch.zeros(3, 28, dtype=torch.float64)) and w.shape == (3, 0)
+    out, w = m(
+        torch.randn(3, 16, dtype=torch.float64),
+        torch.randn(0, 12, dtype=torch.float64),
+        need_weights=True,
+    )
+    assert torch.equal(out, torch.zeros(3, 28, dtype=torch.float64)) and w.shape == (
+        3,
+        0,
+    )
 
 
 def test_need_weights_must_be_a_bool_and_options_keyword_only():

@@ -36,7 +36,9 @@ CONFIGS = [  # (layout, is_causal, scale)
 
 def _inputs(n=N, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(2, 3, n, 5, generator=g, dtype=F64) for _ in range(4)]  # q, k, v, dO
+    return [
+        torch.randn(2, 3, n, 5, generator=g, dtype=F64) for _ in range(4)
+    ]  # q, k, v, dO
 
 
 def _reference(q, k, v, go, is_causal, scale):
@@ -49,7 +51,9 @@ def _reference(q, k, v, go, is_causal, scale):
 def _ring_in_group(group, q, k, v, go, layout, is_causal, scale, block_size):
     """Ring forward and backward inside ``group``; whole output and gradients gathered back."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    shards = [shard_sequence(t, size, rank, layout=layout).clone() for t in (q, k, v, go)]
+    shards = [
+        shard_sequence(t, size, rank, layout=layout).clone() for t in (q, k, v, go)
+    ]
     q_, k_, v_ = (t.requires_grad_() for t in shards[:3])
     out = ring_attention(q_, k_, v_, is_causal=is_causal, scale=scale, group=group, layout=layout,
                          block_size=block_size)  # fmt: skip
@@ -80,7 +84,10 @@ def _all_checks(rank, world_size):
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = pairs[rank // 2]
     for layout, is_causal, scale in CONFIGS:
-        for block_size in (128, 5):  # one tile per block, and tiles that don't divide the chunk
+        for block_size in (
+            128,
+            5,
+        ):  # one tile per block, and tiles that don't divide the chunk
             results[2, layout, is_causal, scale, block_size] = _ring_in_group(
                 mine, q, k, v, go, layout, is_causal, scale, block_size
             )
@@ -89,8 +96,14 @@ def _all_checks(rank, world_size):
     n_local = 5 if rank == 3 else 6
     x = torch.randn(1, 2, n_local, 4, dtype=F64)
     errors["shapes"] = _message(lambda: ring_attention(x, x, x))
-    errors["options"] = _message(lambda: ring_attention(q[..., :6, :], q[..., :6, :], q[..., :6, :], is_causal=rank == 0))
-    y = torch.randn(1, 2, 3, 4, dtype=F64)  # n = 12 is divisible by P = 4 but not by 2P = 8
+    errors["options"] = _message(
+        lambda: ring_attention(
+            q[..., :6, :], q[..., :6, :], q[..., :6, :], is_causal=rank == 0
+        )
+    )
+    y = torch.randn(
+        1, 2, 3, 4, dtype=F64
+    )  # n = 12 is divisible by P = 4 but not by 2P = 8
     errors["zigzag"] = _message(lambda: ring_attention(y, y, y, layout="zigzag"))
     bad = "not a tensor" if rank == 2 else y
     errors["rank_2_bad"] = _message(lambda: ring_attention(bad, y, y))
@@ -116,7 +129,9 @@ def test_ring_on_4_processes_equals_sdpa(four_process_run, layout, is_causal, sc
 
 @pytest.mark.parametrize("block_size", [128, 5])
 @pytest.mark.parametrize("layout, is_causal, scale", CONFIGS)
-def test_ring_on_2_processes_in_a_group_equals_sdpa(four_process_run, layout, is_causal, scale, block_size):
+def test_ring_on_2_processes_in_a_group_equals_sdpa(
+    four_process_run, layout, is_causal, scale, block_size
+):
     (results, _), _ = four_process_run
     got = results[2, layout, is_causal, scale, block_size]
     for a, b in zip(got, _reference(*_inputs(), is_causal, scale), strict=True):
@@ -124,12 +139,23 @@ def test_ring_on_2_processes_in_a_group_equals_sdpa(four_process_run, layout, is
 
 
 def test_bad_shards_raise_on_every_rank_before_blocking(four_process_run):
-    (_, errors), _ = four_process_run  # rank 0's view; the run finishing shows no rank waited
-    assert errors["shapes"].startswith("ValueError: every rank must pass shards of one shape")
+    (_, errors), _ = (
+        four_process_run  # rank 0's view; the run finishing shows no rank waited
+    )
+    assert errors["shapes"].startswith(
+        "ValueError: every rank must pass shards of one shape"
+    )
     assert "(1, 2, 5, 4)" in errors["shapes"] and "rank 3" in errors["shapes"]
-    assert errors["options"].startswith("ValueError: every rank must pass shards of one shape")
-    assert errors["zigzag"].startswith("ValueError: the zigzag layout needs n divisible by 2P = 8")
-    assert errors["rank_2_bad"] == "ValueError: rank 2 of the group rejected its inputs: query must be a torch.Tensor, got str"
+    assert errors["options"].startswith(
+        "ValueError: every rank must pass shards of one shape"
+    )
+    assert errors["zigzag"].startswith(
+        "ValueError: the zigzag layout needs n divisible by 2P = 8"
+    )
+    assert (
+        errors["rank_2_bad"]
+        == "ValueError: rank 2 of the group rejected its inputs: query must be a torch.Tensor, got str"
+    )
 
 
 # ----------------------------------------------------------------------------- the launcher never hangs
@@ -138,7 +164,9 @@ def test_bad_shards_raise_on_every_rank_before_blocking(four_process_run):
 def test_a_failing_rank_stops_the_others():
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="rank 1 refuses"):
-        run_distributed(_fail, 2, 1, timeout=600)  # rank 0 waits in a barrier for rank 1
+        run_distributed(
+            _fail, 2, 1, timeout=600
+        )  # rank 0 waits in a barrier for rank 1
     assert not multiprocessing.active_children()
     assert time.monotonic() - t0 < 300
 
@@ -156,7 +184,9 @@ def test_launcher_rejects_bad_arguments():
         run_distributed(lambda rank, size: None, 2)
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
         run_distributed(_sleep, 0, 1.0)
-    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+    with pytest.raises(
+        ValueError, match="timeout must be a positive number of seconds"
+    ):
         run_distributed(_sleep, 1, 1.0, timeout=0)
 
 
@@ -181,7 +211,9 @@ def test_no_process_group_raises():
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_one_rank_equals_sdpa(one_process_group, layout, is_causal):
     q, k, v, go = _inputs(10)
-    (got,) = ring_forward_backward(0, 1, q, k, v, go, [{"layout": layout, "is_causal": is_causal, "scale": 0.7}])
+    (got,) = ring_forward_backward(
+        0, 1, q, k, v, go, [{"layout": layout, "is_causal": is_causal, "scale": 0.7}]
+    )
     for a, b in zip(got, _reference(q, k, v, go, is_causal, 0.7), strict=True):
         torch.testing.assert_close(a, b)
 
@@ -190,17 +222,25 @@ def test_bad_input_in_one_rank(one_process_group):
     q = torch.randn(1, 2, 5, 3)
     with pytest.raises(ValueError, match="zigzag layout needs n divisible by 2P = 2"):
         ring_attention(q, q, q, layout="zigzag")
-    with pytest.raises(ValueError, match="layout must be 'contiguous' or 'zigzag', got 'striped'"):
+    with pytest.raises(
+        ValueError, match="layout must be 'contiguous' or 'zigzag', got 'striped'"
+    ):
         ring_attention(q, q, q, layout="striped")
     with pytest.raises(TypeError, match="is_causal must be a bool, got str"):
         ring_attention(q, q, q, is_causal="yes")
     with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
         ring_attention(q, q, q, scale=True)
-    with pytest.raises(TypeError, match="group must be a torch.distributed.ProcessGroup"):
+    with pytest.raises(
+        TypeError, match="group must be a torch.distributed.ProcessGroup"
+    ):
         ring_attention(q, q, q, group="world")
-    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 3 and 2"):
+    with pytest.raises(
+        ValueError, match="query and key must share their last dimension d, got 3 and 2"
+    ):
         ring_attention(q, q[..., :2], q)
-    with pytest.raises(ValueError, match="with is_causal the query and key shards must have one length"):
+    with pytest.raises(
+        ValueError, match="with is_causal the query and key shards must have one length"
+    ):
         ring_attention(q, q[..., :4, :], q[..., :4, :], is_causal=True)
     with pytest.raises(ValueError, match="must be on (one|the same) device"):
         ring_attention(q, q.to("meta"), q)
@@ -213,25 +253,39 @@ def test_bad_input_in_one_rank(one_process_group):
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_shard_unshard_round_trip(layout, world_size):
     x = torch.arange(2 * 2 * world_size * 3).reshape(2, 2 * world_size * 3, 1)
-    shards = [shard_sequence(x, world_size, r, layout=layout) for r in range(world_size)]
+    shards = [
+        shard_sequence(x, world_size, r, layout=layout) for r in range(world_size)
+    ]
     assert torch.equal(unshard_sequence(shards, layout=layout), x)
     y = torch.arange(4 * world_size)
-    parts = [shard_sequence(y, world_size, r, layout=layout, dim=0) for r in range(world_size)]
+    parts = [
+        shard_sequence(y, world_size, r, layout=layout, dim=0)
+        for r in range(world_size)
+    ]
     assert torch.equal(unshard_sequence(parts, layout=layout, dim=0), y)
 
 
 def test_layout_positions():
     pos = torch.arange(16)
-    assert [shard_sequence(pos, 4, r, dim=0).tolist() for r in (0, 3)] == [[0, 1, 2, 3], [12, 13, 14, 15]]
+    assert [shard_sequence(pos, 4, r, dim=0).tolist() for r in (0, 3)] == [
+        [0, 1, 2, 3],
+        [12, 13, 14, 15],
+    ]
     zig = [shard_sequence(pos, 4, r, layout="zigzag", dim=0).tolist() for r in range(4)]
     assert zig == [[0, 1, 14, 15], [2, 3, 12, 13], [4, 5, 10, 11], [6, 7, 8, 9]]
 
 
 def test_shard_rejects_bad_input():
     x = torch.zeros(2, 10, 3)
-    with pytest.raises(ValueError, match="contiguous layout needs a sequence length n divisible by P = 3, got n = 10"):
+    with pytest.raises(
+        ValueError,
+        match="contiguous layout needs a sequence length n divisible by P = 3, got n = 10",
+    ):
         shard_sequence(x, 3, 0)
-    with pytest.raises(ValueError, match="zigzag layout needs a sequence length n divisible by 2P = 4, got n = 10"):
+    with pytest.raises(
+        ValueError,
+        match="zigzag layout needs a sequence length n divisible by 2P = 4, got n = 10",
+    ):
         shard_sequence(x, 2, 0, layout="zigzag")
     with pytest.raises(ValueError, match="rank must be < world_size = 2, got 2"):
         shard_sequence(x, 2, 2)
@@ -252,16 +306,24 @@ def test_schedule_visits_every_block_once_and_zigzag_balances(world_size):
     for layout in ("contiguous", "zigzag"):
         schedule = ring_schedule(world_size, layout=layout)
         for r in range(world_size):
-            assert sorted(step[r]["source"] for step in schedule) == list(range(world_size))
+            assert sorted(step[r]["source"] for step in schedule) == list(
+                range(world_size)
+            )
     work = {}
     for layout in ("contiguous", "zigzag"):
         schedule = ring_schedule(world_size, layout=layout, is_causal=True)
         # tiles of one chunk against one chunk, weighted to the contiguous chunk size
         weight = {"contiguous": 1.0, "zigzag": 0.25}[layout]
         work[layout] = [
-            sum(weight * (1.0 if kind == "full" else 0.5) for step in schedule for *_, kind in step[r]["pairs"])
+            sum(
+                weight * (1.0 if kind == "full" else 0.5)
+                for step in schedule
+                for *_, kind in step[r]["pairs"]
+            )
             for r in range(world_size)
         ]
-    assert work["contiguous"] == [r + 0.5 for r in range(world_size)]  # rank r: r blocks and a triangle
+    assert work["contiguous"] == [
+        r + 0.5 for r in range(world_size)
+    ]  # rank r: r blocks and a triangle
     assert len(set(work["zigzag"])) == 1  # every rank the same
     assert sum(work["zigzag"]) == pytest.approx(sum(work["contiguous"]))

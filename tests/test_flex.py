@@ -7,7 +7,11 @@ computes densely; the two must agree in float64.
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import (
+    AuxRequest,
+    create_block_mask,
+    flex_attention,
+)
 
 from attention import (
     alibi_bias,
@@ -20,7 +24,9 @@ from attention.practice.logits import softcap_attention
 from attention.practice.sinks import attention_with_sinks, streaming_mask
 from conftest import qkv
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:flex_attention called without torch.compile"
+)
 
 D64 = torch.float64
 N, H, D = 24, 4, 8
@@ -67,15 +73,23 @@ DENSE = {
 @pytest.mark.parametrize("h_kv", [H, 2])
 def test_mask_mods_equal_the_dense_masks(mask_mod, h_kv):
     q, k, v = _qkv(h_kv)
-    block_mask = create_block_mask(mask_mod, None, None, N, N, device="cpu", BLOCK_SIZE=8)
+    block_mask = create_block_mask(
+        mask_mod, None, None, N, N, device="cpu", BLOCK_SIZE=8
+    )
     out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=h_kv != H)
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=DENSE[mask_mod], enable_gqa=h_kv != H)
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=DENSE[mask_mod], enable_gqa=h_kv != H
+    )
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
 
 def test_block_mask_skips_exactly_the_empty_tiles():
-    block_mask = create_block_mask(documents, None, None, N, N, device="cpu", BLOCK_SIZE=8)
-    tiles = DENSE[documents].reshape(3, 8, 3, 8).any(dim=(1, 3))  # (query tile, key tile)
+    block_mask = create_block_mask(
+        documents, None, None, N, N, device="cpu", BLOCK_SIZE=8
+    )
+    tiles = (
+        DENSE[documents].reshape(3, 8, 3, 8).any(dim=(1, 3))
+    )  # (query tile, key tile)
     assert torch.equal(block_mask.to_dense()[0, 0].bool(), tiles)
 
 
@@ -87,7 +101,9 @@ def test_alibi_score_mod_equals_the_dense_bias():
         return score - slopes[h] * (q_idx - kv_idx).abs()
 
     out = flex_attention(q, k, v, score_mod=alibi)
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=alibi_bias(H, N, N, dtype=D64))
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=alibi_bias(H, N, N, dtype=D64)
+    )
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
 
@@ -100,8 +116,9 @@ def test_softcap_score_mod_equals_softcap_attention():
 
     block_mask = create_block_mask(causal, None, None, N, N, device="cpu", BLOCK_SIZE=8)
     out = flex_attention(q, k, v, score_mod=softcap, block_mask=block_mask)
-    torch.testing.assert_close(out, softcap_attention(q, k, v, is_causal=True, cap=5.0),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        out, softcap_attention(q, k, v, is_causal=True, cap=5.0), atol=1e-12, rtol=0
+    )
 
 
 def test_sinks_as_score_mod_and_as_lse_correction():
@@ -119,14 +136,17 @@ def test_sinks_as_score_mod_and_as_lse_correction():
     def causal_or_sink(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) | (kv_idx == N)
 
-    block_mask = create_block_mask(causal_or_sink, None, None, N, N + 1, device="cpu",
-                                   BLOCK_SIZE=8)
+    block_mask = create_block_mask(
+        causal_or_sink, None, None, N, N + 1, device="cpu", BLOCK_SIZE=8
+    )
     out = flex_attention(q, kz, vz, score_mod=sink, block_mask=block_mask)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
     # 2) plain attention, rescaled by sigmoid(lse - sink), the share the keys keep
     block_mask = create_block_mask(causal, None, None, N, N, device="cpu", BLOCK_SIZE=8)
-    out, aux = flex_attention(q, k, v, block_mask=block_mask, return_aux=AuxRequest(lse=True))
+    out, aux = flex_attention(
+        q, k, v, block_mask=block_mask, return_aux=AuxRequest(lse=True)
+    )
     out = out * torch.sigmoid(aux.lse - sinks[:, None])[..., None]
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
 
@@ -136,5 +156,9 @@ def test_flex_lse_is_the_natural_log_sum_exp():
     _, aux = flex_attention(q, k, v, return_aux=AuxRequest(lse=True))
     scores = q @ k.transpose(-2, -1) / D**0.5
     torch.testing.assert_close(aux.lse, scores.logsumexp(-1), atol=1e-12, rtol=0)
-    torch.testing.assert_close(flex_attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        flex_attention(q, k, v),
+        F.scaled_dot_product_attention(q, k, v),
+        atol=1e-12,
+        rtol=0,
+    )

@@ -28,7 +28,9 @@ def _module(num_kv_heads, seed=0):
 @pytest.mark.parametrize("num_kv_heads", [6, 2, 1], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("prefill", [0, 1, 4])
-def test_prefill_plus_steps_equals_full_causal_recomputation(num_kv_heads, need_weights, prefill):
+def test_prefill_plus_steps_equals_full_causal_recomputation(
+    num_kv_heads, need_weights, prefill
+):
     m = _module(num_kv_heads)
     b, total = 2, 9
     x = torch.randn(b, total, 24, dtype=DT)
@@ -38,10 +40,14 @@ def test_prefill_plus_steps_equals_full_causal_recomputation(num_kv_heads, need_
     with torch.inference_mode():
         if prefill:
             p = x[:, :prefill]
-            outs.append(m(p, p, p, is_causal=True, cache=cache, need_weights=need_weights)[0])
+            outs.append(
+                m(p, p, p, is_causal=True, cache=cache, need_weights=need_weights)[0]
+            )
         for t in range(prefill, total):
             step = x[:, t : t + 1]
-            out, w = m(step, step, step, is_causal=True, cache=cache, need_weights=need_weights)
+            out, w = m(
+                step, step, step, is_causal=True, cache=cache, need_weights=need_weights
+            )
             outs.append(out)
             if need_weights:
                 assert w.shape == (b, 6, 1, t + 1)
@@ -60,7 +66,9 @@ def test_chunked_prefill_uses_bottom_right_alignment(need_weights):
     with torch.no_grad():
         for start, stop in ((0, 3), (3, 7), (7, 10)):
             c = x[:, start:stop]
-            outs.append(m(c, c, c, is_causal=True, cache=cache, need_weights=need_weights)[0])
+            outs.append(
+                m(c, c, c, is_causal=True, cache=cache, need_weights=need_weights)[0]
+            )
     assert_close(torch.cat(outs, dim=1), full)
 
 
@@ -72,7 +80,9 @@ def test_top_left_mask_on_a_chunk_would_be_wrong():
     cache = m.new_cache(1, 6)
     with torch.no_grad():
         m(x[:, :3], x[:, :3], x[:, :3], is_causal=True, cache=cache)
-        wrong, _ = m(x[:, 3:], x[:, 3:], x[:, 3:], attn_mask=causal_mask(3, 6), cache=cache)
+        wrong, _ = m(
+            x[:, 3:], x[:, 3:], x[:, 3:], attn_mask=causal_mask(3, 6), cache=cache
+        )
     assert not torch.allclose(wrong, full[:, 3:])
 
 
@@ -111,7 +121,12 @@ def test_cache_stores_keys_and_values_in_place():
 def test_new_cache_takes_the_module_shape_and_dtype():
     m = _module(2)
     cache = m.new_cache(3, 7)
-    assert (cache.batch_size, cache.max_len, cache.num_kv_heads, cache.head_dim) == (3, 7, 2, 4)
+    assert (cache.batch_size, cache.max_len, cache.num_kv_heads, cache.head_dim) == (
+        3,
+        7,
+        2,
+        4,
+    )
     assert cache.dtype == DT
 
 
@@ -149,7 +164,9 @@ def test_rejects_batch_size_change_in_module():
     with torch.no_grad():
         m(x, x, x, is_causal=True, cache=cache)
         y = torch.randn(3, 1, 24, dtype=DT)
-        with pytest.raises(ValueError, match="built for batch size 2, got a batch of 3"):
+        with pytest.raises(
+            ValueError, match="built for batch size 2, got a batch of 3"
+        ):
             m(y, y, y, is_causal=True, cache=cache)
     assert cache.length == 3  # nothing was written
 
@@ -175,7 +192,9 @@ def test_rejects_overflow_in_module():
 
 def test_rejects_overflow_in_update():
     cache = KVCache(1, 2, num_kv_heads=1, head_dim=2)
-    with pytest.raises(ValueError, match="max_len=2 positions: 0 are stored and 3 more do not fit"):
+    with pytest.raises(
+        ValueError, match="max_len=2 positions: 0 are stored and 3 more do not fit"
+    ):
         cache.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
 
 
@@ -183,7 +202,9 @@ def test_rejects_cache_of_the_wrong_shape():
     m = _module(2)
     cache = KVCache(1, 4, num_kv_heads=6, head_dim=4, dtype=DT)
     x = torch.randn(1, 1, 24, dtype=DT)
-    with pytest.raises(ValueError, match="holds 6 key/value heads of size 4, got 2 heads of size 4"):
+    with pytest.raises(
+        ValueError, match="holds 6 key/value heads of size 4, got 2 heads of size 4"
+    ):
         m(x, x, x, cache=cache)
 
 
@@ -197,8 +218,12 @@ def test_rejects_wrong_heads_in_update():
 
 def test_rejects_wrong_dtype_in_update():
     cache = KVCache(1, 4, num_kv_heads=1, head_dim=3, dtype=torch.float32)
-    with pytest.raises(TypeError, match="stores torch.float32, got keys and values of torch.float64"):
-        cache.update(torch.zeros(1, 1, 1, 3, dtype=DT), torch.zeros(1, 1, 1, 3, dtype=DT))
+    with pytest.raises(
+        TypeError, match="stores torch.float32, got keys and values of torch.float64"
+    ):
+        cache.update(
+            torch.zeros(1, 1, 1, 3, dtype=DT), torch.zeros(1, 1, 1, 3, dtype=DT)
+        )
 
 
 def test_rejects_key_value_shape_mismatch_in_update():
@@ -239,7 +264,8 @@ def test_rejects_mask_sized_without_the_cached_positions():
         s = x[:, :1]
         # after 3 cached positions one new query sees j = 4 keys, not 2
         with pytest.raises(
-            ValueError, match=r"attn_mask of shape \(1, 2\) does not broadcast.*\(1, 6, 1, 4\)"
+            ValueError,
+            match=r"attn_mask of shape \(1, 2\) does not broadcast.*\(1, 6, 1, 4\)",
         ):
             m(s, s, s, attn_mask=torch.ones(1, 2, dtype=torch.bool), cache=cache)
 
@@ -249,7 +275,11 @@ def test_rejects_mask_sized_without_the_cached_positions():
     [
         ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
         ({"max_len": 2.5}, TypeError, "max_len must be an int, got float"),
-        ({"dtype": torch.int64}, TypeError, "dtype must be a floating-point dtype, got torch.int64"),
+        (
+            {"dtype": torch.int64},
+            TypeError,
+            "dtype must be a floating-point dtype, got torch.int64",
+        ),
     ],
 )
 def test_rejects_bad_constructor_arguments(kwargs, error, message):
@@ -265,7 +295,9 @@ def test_a_cache_under_autograd_fails_at_update_not_at_backward():
     m = _module(2).train()
     cache = m.new_cache(1, 6)
     x = torch.randn(1, 3, 24, dtype=DT)
-    with pytest.raises(ValueError, match="autograd cannot differentiate through.*inference_mode"):
+    with pytest.raises(
+        ValueError, match="autograd cannot differentiate through.*inference_mode"
+    ):
         m(x, x, x, is_causal=True, cache=cache)
     assert cache.length == 0  # nothing was written
     k = torch.randn(1, 2, 1, 4, dtype=DT, requires_grad=True)
@@ -286,7 +318,10 @@ def test_batch_size_message_advises_a_new_cache_not_reset():
 def test_rejects_keys_on_another_device():
     cache = KVCache(1, 4, num_kv_heads=1, head_dim=2)
     z = torch.zeros(1, 1, 1, 2, device="meta")
-    with pytest.raises(ValueError, match="cache and the new keys must be on the same device, got cpu and meta"):
+    with pytest.raises(
+        ValueError,
+        match="cache and the new keys must be on the same device, got cpu and meta",
+    ):
         cache.update(z, z)
     with pytest.raises(TypeError, match="device must be a torch.device"):
         KVCache(1, 4, num_kv_heads=1, head_dim=2, device=1.5)
@@ -317,16 +352,24 @@ def _splits(n):
     def chunks(rest):
         if rest == 0:
             return st.just([])
-        return st.integers(1, rest).flatmap(lambda c: chunks(rest - c).map(lambda tail: [c, *tail]))
+        return st.integers(1, rest).flatmap(
+            lambda c: chunks(rest - c).map(lambda tail: [c, *tail])
+        )
 
-    return st.integers(1, n).flatmap(lambda p: chunks(n - p).map(lambda tail: [p, *tail]))
+    return st.integers(1, n).flatmap(
+        lambda p: chunks(n - p).map(lambda tail: [p, *tail])
+    )
 
 
 @given(split=_splits(9), need_weights=st.booleans(), rope=st.booleans())
 @settings(max_examples=25, deadline=None)
-def test_any_split_into_prefill_and_chunks_equals_the_full_causal_call(split, need_weights, rope):
+def test_any_split_into_prefill_and_chunks_equals_the_full_causal_call(
+    split, need_weights, rope
+):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rope=rope, dtype=torch.float64).eval()
+    mha = MultiHeadAttention(
+        16, 4, num_kv_heads=2, rope=rope, dtype=torch.float64
+    ).eval()
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     with torch.no_grad():
         full, _ = mha(x, x, x, is_causal=True)
@@ -334,7 +377,16 @@ def test_any_split_into_prefill_and_chunks_equals_the_full_causal_call(split, ne
         pieces, start = [], 0
         for length in split:
             part = x[:, start : start + length]
-            pieces.append(mha(part, part, part, is_causal=True, cache=cache, need_weights=need_weights)[0])
+            pieces.append(
+                mha(
+                    part,
+                    part,
+                    part,
+                    is_causal=True,
+                    cache=cache,
+                    need_weights=need_weights,
+                )[0]
+            )
             start += length
     assert cache.length == 9
     assert_close(torch.cat(pieces, dim=1), full)
@@ -346,15 +398,29 @@ def test_latent_cache_any_split_equals_the_full_causal_call(split, absorb):
     from attention import MultiHeadLatentAttention
 
     torch.manual_seed(0)
-    mla = MultiHeadLatentAttention(16, 2, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=4,
-                                   v_head_dim=3, dtype=torch.float64).eval()
+    mla = MultiHeadLatentAttention(
+        16,
+        2,
+        kv_lora_rank=6,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=4,
+        v_head_dim=3,
+        dtype=torch.float64,
+    ).eval()
     x = torch.randn(2, 8, 16, dtype=torch.float64)
     with torch.no_grad():
         full, _ = mla(x, is_causal=True)
         cache = mla.new_cache(batch_size=2, max_len=8)
         pieces, start = [], 0
         for length in split:
-            pieces.append(mla(x[:, start : start + length], is_causal=True, cache=cache, absorb=absorb)[0])
+            pieces.append(
+                mla(
+                    x[:, start : start + length],
+                    is_causal=True,
+                    cache=cache,
+                    absorb=absorb,
+                )[0]
+            )
             start += length
     assert_close(torch.cat(pieces, dim=1), full)
 
@@ -364,7 +430,10 @@ def test_a_cache_made_under_inference_mode_refuses_outside_it_with_a_clear_messa
     with torch.inference_mode():
         cache = mha.new_cache(batch_size=1, max_len=4)
     x = torch.randn(1, 2, 8)
-    with torch.no_grad(), pytest.raises(ValueError, match=r"created under torch.inference_mode\(\)"):
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match=r"created under torch.inference_mode\(\)"),
+    ):
         mha(x, x, x, is_causal=True, cache=cache)
     with torch.inference_mode():  # and works inside it
         out, _ = mha(x, x, x, is_causal=True, cache=cache)

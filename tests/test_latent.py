@@ -13,9 +13,17 @@ DIMS = dict(kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5
 
 
 def _config(**overrides):
-    kwargs = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=12,
-                  num_hidden_layers=1, vocab_size=16, rope_interleave=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **DIMS)
+    kwargs = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=12,
+        num_hidden_layers=1,
+        vocab_size=16,
+        rope_interleave=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        **DIMS,
+    )
     kwargs.update(overrides)
     config = DeepseekV3Config(**kwargs)
     config._attn_implementation = "eager"
@@ -34,7 +42,9 @@ def _reference(config, seed=0):
 def _rope_cos_sin(config, positions):
     """HF's position_embeddings, computed independently in float64."""
     d = config.qk_rope_head_dim
-    inv_freq = config.rope_parameters["rope_theta"] ** -(torch.arange(0, d, 2, dtype=D64) / d)
+    inv_freq = config.rope_parameters["rope_theta"] ** -(
+        torch.arange(0, d, 2, dtype=D64) / d
+    )
     angles = positions.to(D64)[..., None] * inv_freq  # (b, n, d/2)
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos(), emb.sin()
@@ -44,7 +54,8 @@ def _hf_forward(module, x, positions=None):
     b, n, _ = x.shape
     positions = torch.arange(n).expand(b, n) if positions is None else positions
     causal = torch.zeros(n, n, dtype=D64).masked_fill(
-        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        ~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")
+    )
     return module(x, _rope_cos_sin(module.config, positions), causal[None, None])[0]
 
 
@@ -72,7 +83,9 @@ def test_copy_has_the_module_dtype_device_training_mode_and_eps():
     assert mla.training and mla.norm_eps == 1e-3 and mla.kv_norm.eps == 1e-3
     assert {p.dtype for p in mla.parameters()} == {D64}
     assert {p.device for p in mla.parameters()} == {torch.device("cpu")}
-    float_copy = MultiHeadLatentAttention.from_transformers(_reference(_config()).float())
+    float_copy = MultiHeadLatentAttention.from_transformers(
+        _reference(_config()).float()
+    )
     assert {p.dtype for p in float_copy.parameters()} == {torch.float32}
     assert not float_copy.training
 
@@ -80,12 +93,22 @@ def test_copy_has_the_module_dtype_device_training_mode_and_eps():
 @pytest.mark.parametrize("q_lora_rank", [None, 6])
 def test_absorbed_equals_materialised(q_lora_rank):
     torch.manual_seed(1)
-    mla = MultiHeadLatentAttention(24, 3, q_lora_rank=q_lora_rank, rope=RotaryConfig(interleaved=True),
-                                   dtype=D64, **DIMS)
+    mla = MultiHeadLatentAttention(
+        24,
+        3,
+        q_lora_rank=q_lora_rank,
+        rope=RotaryConfig(interleaved=True),
+        dtype=D64,
+        **DIMS,
+    )
     x = torch.randn(2, 11, 24, dtype=D64)
     for is_causal in (True, False):
-        torch.testing.assert_close(mla(x, is_causal=is_causal, absorb=True)[0],
-                                   mla(x, is_causal=is_causal)[0], atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            mla(x, is_causal=is_causal, absorb=True)[0],
+            mla(x, is_causal=is_causal)[0],
+            atol=1e-12,
+            rtol=0,
+        )
     # gradients agree too: the absorbed form is the same function of the weights
     out_a, out_m = mla(x, absorb=True)[0], mla(x)[0]
     ga = torch.autograd.grad(out_a.square().sum(), mla.w_kv_up.weight)[0]
@@ -101,20 +124,29 @@ def test_prefill_and_steps_through_the_cache_equal_the_full_forward(absorb):
     full = mla(x)[0]
     cache = mla.new_cache(batch_size=2, max_len=12)
     with torch.inference_mode():
-        outs = [mla(x[:, :4], cache=cache, absorb=absorb)[0],  # prefill 4
-                mla(x[:, 4:7], cache=cache, absorb=absorb)[0]]  # a chunk of 3 after the cache
-        outs += [mla(x[:, t:t + 1], cache=cache, absorb=absorb)[0] for t in range(7, 10)]
+        outs = [
+            mla(x[:, :4], cache=cache, absorb=absorb)[0],  # prefill 4
+            mla(x[:, 4:7], cache=cache, absorb=absorb)[0],
+        ]  # a chunk of 3 after the cache
+        outs += [
+            mla(x[:, t : t + 1], cache=cache, absorb=absorb)[0] for t in range(7, 10)
+        ]
     torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-12, rtol=0)
     assert cache.length == 10
 
 
 def test_cache_stores_the_latent_and_rope_key_only():
-    cache = LatentKVCache(3, 20, kv_lora_rank=16, qk_rope_head_dim=8, dtype=torch.bfloat16)
+    cache = LatentKVCache(
+        3, 20, kv_lora_rank=16, qk_rope_head_dim=8, dtype=torch.bfloat16
+    )
     assert cache.nbytes == 3 * 20 * (16 + 8) * 2
     tensors = [v for v in vars(cache).values() if isinstance(v, torch.Tensor)]
     assert sum(t.numel() for t in tensors) == 3 * 20 * (16 + 8)
     assert LatentKVCache.bytes_per_token(512, 64) == 576 * 2
-    assert LatentKVCache.bytes_per_token(512, 64, dtype=torch.float32, num_layers=61) == 576 * 4 * 61
+    assert (
+        LatentKVCache.bytes_per_token(512, 64, dtype=torch.float32, num_layers=61)
+        == 576 * 4 * 61
+    )
     # what the module caches is its normalised latent and its rotated shared key
     torch.manual_seed(3)
     mla = MultiHeadLatentAttention(32, 4, dtype=D64, **DIMS)
@@ -123,9 +155,12 @@ def test_cache_stores_the_latent_and_rope_key_only():
     with torch.no_grad():
         mla(x, cache=cache)
         latent, k_rope = mla.w_kv_down(x).split([8, 4], dim=-1)
-        torch.testing.assert_close(cache.buffer[:, :5, :8], mla.kv_norm(latent), atol=1e-12,
-                                   rtol=0)
-    angle = torch.arange(5, dtype=D64)[:, None] * 10000.0 ** -(torch.arange(0, 4, 2, dtype=D64) / 4)
+        torch.testing.assert_close(
+            cache.buffer[:, :5, :8], mla.kv_norm(latent), atol=1e-12, rtol=0
+        )
+    angle = torch.arange(5, dtype=D64)[:, None] * 10000.0 ** -(
+        torch.arange(0, 4, 2, dtype=D64) / 4
+    )
     c, s = angle.cos(), angle.sin()
     a, b = k_rope[0, :, :2], k_rope[0, :, 2:]  # pairs (k, k + 2)
     rotated = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
@@ -137,56 +172,94 @@ def test_positions_only_matter_through_their_differences():
     mla = MultiHeadLatentAttention(32, 4, dtype=D64, **DIMS)
     x = torch.randn(2, 6, 32, dtype=D64)
     shifted = torch.stack([torch.arange(6) + 100, torch.arange(6) + 7])  # (b, n)
-    torch.testing.assert_close(mla(x, positions=shifted)[0], mla(x)[0], atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        mla(x, positions=shifted)[0], mla(x)[0], atol=1e-10, rtol=0
+    )
     out_default = mla(x[:, :1], positions=torch.tensor([3]))[0]
     assert out_default.shape == (2, 1, 32)
 
 
 def test_from_transformers_refuses_what_it_does_not_support():
-    yarn = {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
-            "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
-            "mscale": 1.0, "mscale_all_dim": 1.0}
-    with pytest.raises(ValueError, match="only the default RoPE is supported, got rope_type='yarn'"):
-        MultiHeadLatentAttention.from_transformers(_reference(_config(rope_parameters=yarn)))
+    yarn = {
+        "rope_type": "yarn",
+        "rope_theta": 500.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
+    with pytest.raises(
+        ValueError, match="only the default RoPE is supported, got rope_type='yarn'"
+    ):
+        MultiHeadLatentAttention.from_transformers(
+            _reference(_config(rope_parameters=yarn))
+        )
     with pytest.raises(ValueError, match="attention biases are not supported"):
-        MultiHeadLatentAttention.from_transformers(_reference(_config(attention_bias=True)))
-    with pytest.raises(ValueError, match="num_key_value_heads must equal num_attention_heads"):
-        MultiHeadLatentAttention.from_transformers(_reference(_config(num_key_value_heads=2)))
+        MultiHeadLatentAttention.from_transformers(
+            _reference(_config(attention_bias=True))
+        )
+    with pytest.raises(
+        ValueError, match="num_key_value_heads must equal num_attention_heads"
+    ):
+        MultiHeadLatentAttention.from_transformers(
+            _reference(_config(num_key_value_heads=2))
+        )
     with pytest.raises(TypeError, match="module must be a DeepseekV3Attention"):
         MultiHeadLatentAttention.from_transformers(torch.nn.Linear(2, 2))
 
 
 def test_ranks_that_do_not_fit():
     with pytest.raises(ValueError, match="kv_lora_rank must not exceed embed_dim"):
-        MultiHeadLatentAttention(16, 4, kv_lora_rank=17, qk_nope_head_dim=6, qk_rope_head_dim=4,
-                                 v_head_dim=5)
-    with pytest.raises(ValueError, match=r"kv_lora_rank must not exceed .*1 \* \(2 \+ 2\) = 4"):
-        MultiHeadLatentAttention(16, 1, kv_lora_rank=5, qk_nope_head_dim=2, qk_rope_head_dim=2,
-                                 v_head_dim=2)
+        MultiHeadLatentAttention(
+            16, 4, kv_lora_rank=17, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5
+        )
+    with pytest.raises(
+        ValueError, match=r"kv_lora_rank must not exceed .*1 \* \(2 \+ 2\) = 4"
+    ):
+        MultiHeadLatentAttention(
+            16, 1, kv_lora_rank=5, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2
+        )
     with pytest.raises(ValueError, match="q_lora_rank must not exceed embed_dim"):
         MultiHeadLatentAttention(16, 4, q_lora_rank=32, **DIMS)
     with pytest.raises(ValueError, match="qk_rope_head_dim must be even"):
-        MultiHeadLatentAttention(16, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=3,
-                                 v_head_dim=5)
+        MultiHeadLatentAttention(
+            16, 4, kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=3, v_head_dim=5
+        )
     with pytest.raises(ValueError, match="kv_lora_rank must be >= 1"):
-        MultiHeadLatentAttention(16, 4, kv_lora_rank=0, qk_nope_head_dim=6, qk_rope_head_dim=4,
-                                 v_head_dim=5)
+        MultiHeadLatentAttention(
+            16, 4, kv_lora_rank=0, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5
+        )
     with pytest.raises(TypeError, match="rope_interleaved must be a bool"):
         MultiHeadLatentAttention(16, 4, rope_interleaved="yes", **DIMS)
-    with pytest.raises(TypeError, match="rope must be a RotaryConfig or None, got bool"):
+    with pytest.raises(
+        TypeError, match="rope must be a RotaryConfig or None, got bool"
+    ):
         MultiHeadLatentAttention(16, 4, rope=True, **DIMS)
     with pytest.raises(ValueError, match="give the RoPE options once"):
         MultiHeadLatentAttention(16, 4, rope=RotaryConfig(), rope_base=10.0, **DIMS)
     with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
-        MultiHeadLatentAttention(16, 4, rope=RotaryConfig(scaling={"type": "ntk", "factor": 2}),
-                                 **{**DIMS, "qk_rope_head_dim": 2})
+        MultiHeadLatentAttention(
+            16,
+            4,
+            rope=RotaryConfig(scaling={"type": "ntk", "factor": 2}),
+            **{**DIMS, "qk_rope_head_dim": 2},
+        )
 
 
 def test_former_rope_spelling_warns_and_equals_the_config():
     torch.manual_seed(0)
-    new = MultiHeadLatentAttention(16, 4, rope=RotaryConfig(base=50.0, interleaved=True), **DIMS)
-    with pytest.warns(DeprecationWarning, match=r"rope_base, rope_interleaved are replaced by rope=RotaryConfig"):
-        old = MultiHeadLatentAttention(16, 4, rope_base=50.0, rope_interleaved=True, **DIMS)
+    new = MultiHeadLatentAttention(
+        16, 4, rope=RotaryConfig(base=50.0, interleaved=True), **DIMS
+    )
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"rope_base, rope_interleaved are replaced by rope=RotaryConfig",
+    ):
+        old = MultiHeadLatentAttention(
+            16, 4, rope_base=50.0, rope_interleaved=True, **DIMS
+        )
     old.load_state_dict(new.state_dict())
     x = torch.randn(2, 5, 16)
     assert old.rope == new.rope and torch.equal(old(x)[0], new(x)[0])
@@ -197,7 +270,10 @@ def test_bad_forward_arguments():
     x = torch.randn(2, 3, 16)
     with pytest.raises(ValueError, match=r"x must have shape \(b, n, embed_dim=16\)"):
         mla(torch.randn(2, 3, 8))
-    with pytest.raises(TypeError, match=r"x must have the dtype of the module's parameters \(torch.float32\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"x must have the dtype of the module's parameters \(torch.float32\)",
+    ):
         mla(x.double())
     with pytest.raises(TypeError, match="absorb must be a bool"):
         mla(x, absorb=1)

@@ -45,7 +45,9 @@ def test_elu_feature_map_gradient():
 
 def test_relu_feature_map():
     x = torch.tensor([-1.0, 0.0, 2.5], dtype=F64)
-    torch.testing.assert_close(relu_feature_map(x), torch.tensor([0.0, 0.0, 2.5], dtype=F64))
+    torch.testing.assert_close(
+        relu_feature_map(x), torch.tensor([0.0, 0.0, 2.5], dtype=F64)
+    )
 
 
 def test_random_features_are_reproducible_and_positive():
@@ -108,7 +110,9 @@ def test_naive_equals_explicit_kernel_formula():
             for t in range(6)
         ]
     )
-    torch.testing.assert_close(linear_attention_naive(q, k, v, is_causal=True, eps=eps), causal)
+    torch.testing.assert_close(
+        linear_attention_naive(q, k, v, is_causal=True, eps=eps), causal
+    )
 
 
 def test_weights_rows_sum_to_one_and_causal_zeros():
@@ -150,7 +154,9 @@ def test_linear_equals_naive_outputs_and_gradients(n, chunk_size, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_other_feature_maps(feature_map, is_causal):
     q, k, v = qkv(23)
-    fast = linear_attention(q, k, v, is_causal=is_causal, feature_map=feature_map, chunk_size=5)
+    fast = linear_attention(
+        q, k, v, is_causal=is_causal, feature_map=feature_map, chunk_size=5
+    )
     ref = linear_attention_naive(q, k, v, is_causal=is_causal, feature_map=feature_map)
     torch.testing.assert_close(fast, ref)
 
@@ -181,7 +187,9 @@ def test_broadcast_batch_dims():
     for causal in (False, True):
         out = linear_attention(q, k, v, is_causal=causal, chunk_size=4)
         assert out.shape == (2, 3, 11, 5)
-        torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=causal))
+        torch.testing.assert_close(
+            out, linear_attention_naive(q, k, v, is_causal=causal)
+        )
 
 
 def test_unbatched_input():
@@ -195,7 +203,9 @@ def test_unbatched_input():
 def test_float32_close_to_float64():
     q, k, v = qkv(300)
     out = linear_attention(q.float(), k.float(), v.float(), is_causal=True)
-    torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=True).float())
+    torch.testing.assert_close(
+        out, linear_attention_naive(q, k, v, is_causal=True).float()
+    )
 
 
 @given(
@@ -256,7 +266,9 @@ def test_step_equals_causal_form(feature_map):
         )
         outs.append(out)
     stepped = torch.stack(outs, dim=-2)
-    causal = linear_attention(q, k, v, is_causal=True, chunk_size=8, feature_map=feature_map)
+    causal = linear_attention(
+        q, k, v, is_causal=True, chunk_size=8, feature_map=feature_map
+    )
     torch.testing.assert_close(stepped, causal)
     for a, b in zip(grads(stepped, (q, k, v)), grads(causal, (q, k, v)), strict=True):
         torch.testing.assert_close(a, b)
@@ -278,9 +290,13 @@ def test_step_accepts_a_length_one_axis():
     q, k, v = qkv(4, batch=(3,))
     state, outs = None, []
     for t in range(4):
-        out, state = linear_attention_step(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state)
+        out, state = linear_attention_step(
+            q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], state
+        )
         outs.append(out)
-    torch.testing.assert_close(torch.cat(outs, dim=-2), linear_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(
+        torch.cat(outs, dim=-2), linear_attention(q, k, v, is_causal=True)
+    )
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -301,19 +317,26 @@ def test_rejects_non_integer_chunk_size():
 
 def test_rejects_mismatched_d():
     q, k, v = qkv(4)
-    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 6"):
+    with pytest.raises(
+        ValueError, match="query and key must share their last dimension d, got 8 and 6"
+    ):
         linear_attention(q, k[..., :6], v)
 
 
 def test_rejects_mismatched_positions():
     q, k, v = qkv(4)
-    with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 4 and 3"):
+    with pytest.raises(
+        ValueError,
+        match="key and value must have the same number of positions j, got 4 and 3",
+    ):
         linear_attention(q, k, v[..., :3, :])
 
 
 def test_rejects_batch_dims_that_do_not_broadcast():
     q, k, v = qkv(4, batch=(2,))
-    with pytest.raises(ValueError, match="batch dims of query, key and value must broadcast"):
+    with pytest.raises(
+        ValueError, match="batch dims of query, key and value must broadcast"
+    ):
         linear_attention(q, k, torch.zeros(3, 4, 5, dtype=F64))
 
 
@@ -346,13 +369,17 @@ def test_step_rejects_negative_feature_map():
 
 def test_rejects_feature_map_changing_leading_dims():
     q, k, v = qkv(4)
-    with pytest.raises(ValueError, match="feature_map must keep every dimension but the last"):
+    with pytest.raises(
+        ValueError, match="feature_map must keep every dimension but the last"
+    ):
         linear_attention(q, k, v, feature_map=lambda x: x.abs().sum(0))
 
 
 def test_rejects_non_callable_feature_map_and_bad_eps():
     q, k, v = qkv(4)
-    with pytest.raises(TypeError, match="feature_map must be callable or None, got str"):
+    with pytest.raises(
+        TypeError, match="feature_map must be callable or None, got str"
+    ):
         linear_attention(q, k, v, feature_map="elu")
     with pytest.raises(ValueError, match="eps must be >= 0, got -1"):
         linear_attention(q, k, v, eps=-1.0)
@@ -367,7 +394,9 @@ def test_step_rejects_bad_state():
         linear_attention_step(q[1], k[1], v[1, :3], state)
     with pytest.raises(TypeError, match="state must be None or the pair"):
         linear_attention_step(q[1], k[1], v[1], state[0])
-    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 7"):
+    with pytest.raises(
+        ValueError, match="query and key must share their last dimension d, got 8 and 7"
+    ):
         linear_attention_step(q[1], k[1, :7], v[1])
 
 
@@ -381,10 +410,17 @@ def test_grouped_query_attention_repeats_the_key_value_heads(fn, is_causal):
     q = torch.randn(2, 6, 9, 4, generator=g, dtype=F64)
     k, v = (torch.randn(2, 2, 9, 4, generator=g, dtype=F64) for _ in range(2))
     out = fn(q, k, v, is_causal=is_causal, enable_gqa=True)
-    ref = fn(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), is_causal=is_causal)
+    ref = fn(
+        q,
+        k.repeat_interleave(3, dim=1),
+        v.repeat_interleave(3, dim=1),
+        is_causal=is_causal,
+    )
     torch.testing.assert_close(out, ref)
     w = linear_attention_weights(q, k, enable_gqa=True)
-    torch.testing.assert_close(w, linear_attention_weights(q, k.repeat_interleave(3, dim=1)))
+    torch.testing.assert_close(
+        w, linear_attention_weights(q, k.repeat_interleave(3, dim=1))
+    )
 
 
 @pytest.mark.parametrize("fn", [linear_attention, linear_attention_naive])
@@ -392,7 +428,9 @@ def test_attn_mask_and_scale_are_refused_not_ignored(fn):
     q, k, v = qkv(4)
     with pytest.raises(ValueError, match="cannot apply an attn_mask"):
         fn(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="has no scale: the feature map alone sets the similarity"):
+    with pytest.raises(
+        ValueError, match="has no scale: the feature map alone sets the similarity"
+    ):
         fn(q, k, v, scale=0.5)
     with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
         fn(q, k, v, scale=True)
@@ -409,9 +447,13 @@ def test_bool_flags_must_be_bools(flag):
 
 def test_inputs_on_different_devices_are_refused():
     q, k, v = qkv(4)
-    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+    with pytest.raises(
+        ValueError, match="must be on the same device, got cpu and meta"
+    ):
         linear_attention(q, k, v.to("meta"))
-    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+    with pytest.raises(
+        ValueError, match="must be on the same device, got cpu and meta"
+    ):
         linear_attention_step(q[..., 0, :], k[..., 0, :].to("meta"), v[..., 0, :])
 
 
@@ -427,7 +469,9 @@ def test_empty_axes_give_zeros(i, j, is_causal):
     q, k, v = qkv(i, j)
     out = linear_attention(q, k, v, is_causal=is_causal)
     assert out.shape == (2, 3, i, 5) and (out == 0).all()
-    torch.testing.assert_close(out, linear_attention_naive(q, k, v, is_causal=is_causal))
+    torch.testing.assert_close(
+        out, linear_attention_naive(q, k, v, is_causal=is_causal)
+    )
 
 
 def test_zero_head_size_gives_zeros_not_nan():
@@ -450,11 +494,15 @@ def test_non_finite_values_reach_only_the_rows_that_see_them(poison):
     k2, v2 = k.clone(), v.clone()
     k2[6], v2[6, 0] = poison, poison
     clean = linear_attention(q, k, v, is_causal=True)
-    for out in (linear_attention(q, k2, v2, is_causal=True, chunk_size=4),
-                linear_attention_naive(q, k2, v2, is_causal=True)):
+    for out in (
+        linear_attention(q, k2, v2, is_causal=True, chunk_size=4),
+        linear_attention_naive(q, k2, v2, is_causal=True),
+    ):
         torch.testing.assert_close(out[:6], clean[:6])  # the future stays out
         assert not out[6:, 0].isfinite().any()
-    assert not linear_attention(q, k, v2)[:, 0].isfinite().any()  # non-causal: all see it
+    assert (
+        not linear_attention(q, k, v2)[:, 0].isfinite().any()
+    )  # non-causal: all see it
 
 
 def test_feature_maps_check_their_input():
@@ -466,7 +514,9 @@ def test_feature_maps_check_their_input():
 
 
 def test_random_feature_map_checks_its_options():
-    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+    with pytest.raises(
+        TypeError, match="generator must be a torch.Generator or None, got int"
+    ):
         random_feature_map(4, 8, generator=0)
     with pytest.raises(TypeError, match="orthogonal must be a bool"):
         random_feature_map(4, 8, orthogonal="yes")
@@ -502,8 +552,9 @@ def test_zero_normaliser_in_half_precision_gives_zeros(dtype):
 
 def test_eps_is_a_real_number_of_any_size():
     q, k, v = qkv(4)
-    torch.testing.assert_close(linear_attention(q, k, v, eps=10**30),
-                               linear_attention(q, k, v, eps=1e30))
+    torch.testing.assert_close(
+        linear_attention(q, k, v, eps=10**30), linear_attention(q, k, v, eps=1e30)
+    )
     with pytest.raises(ValueError, match="eps must be >= 0, got nan"):
         linear_attention(q, k, v, eps=float("nan"))
 
@@ -521,13 +572,17 @@ def decayed_loop(query, key, value, log_decay, feature_map, normalize, eps=1e-6)
         num = torch.zeros(*query.shape[:-2], value.shape[-1], dtype=query.dtype)
         den = torch.zeros(*query.shape[:-2], 1, dtype=query.dtype)
         for j in range(i + 1):
-            w = lam ** (i - j) * (phi_q[..., i, :] * phi_k[..., j, :]).sum(-1, keepdim=True)
+            w = lam ** (i - j) * (phi_q[..., i, :] * phi_k[..., j, :]).sum(
+                -1, keepdim=True
+            )
             num, den = num + w * value[..., j, :], den + w
         out[..., i, :] = num / (den + eps) if normalize else num
     return out
 
 
-LOG_DECAY = torch.tensor([0.0, -0.05, -0.7], dtype=F64)  # one per head: none, slow, fast
+LOG_DECAY = torch.tensor(
+    [0.0, -0.05, -0.7], dtype=F64
+)  # one per head: none, slow, fast
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -536,11 +591,20 @@ def test_decayed_parallel_chunkwise_form_equals_the_loop(normalize, chunk_size):
     q, k, v = qkv(13, d=4, e=3, grad=True)
     fm = elu_feature_map if normalize else (lambda x: x)
     ref = decayed_loop(q, k, v, LOG_DECAY, fm, normalize)
-    out = linear_attention(q, k, v, is_causal=True, chunk_size=chunk_size, decay=LOG_DECAY,
-                           normalize=normalize, feature_map=fm)
+    out = linear_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        chunk_size=chunk_size,
+        decay=LOG_DECAY,
+        normalize=normalize,
+        feature_map=fm,
+    )
     torch.testing.assert_close(out, ref)
-    naive = linear_attention_naive(q, k, v, is_causal=True, decay=LOG_DECAY, normalize=normalize,
-                                   feature_map=fm)
+    naive = linear_attention_naive(
+        q, k, v, is_causal=True, decay=LOG_DECAY, normalize=normalize, feature_map=fm
+    )
     torch.testing.assert_close(naive, ref)
     for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
         torch.testing.assert_close(a, b)
@@ -550,12 +614,27 @@ def test_decayed_parallel_chunkwise_form_equals_the_loop(normalize, chunk_size):
 def test_decayed_recurrent_step_equals_the_parallel_form(normalize):
     q, k, v = qkv(9, d=4, e=3)
     fm = elu_feature_map if normalize else (lambda x: x)
-    ref = linear_attention(q, k, v, is_causal=True, chunk_size=4, decay=LOG_DECAY,
-                           normalize=normalize, feature_map=fm)
+    ref = linear_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        chunk_size=4,
+        decay=LOG_DECAY,
+        normalize=normalize,
+        feature_map=fm,
+    )
     state, rows = None, []
     for t in range(9):
-        out, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state,
-                                           decay=LOG_DECAY, normalize=normalize, feature_map=fm)
+        out, state = linear_attention_step(
+            q[..., t, :],
+            k[..., t, :],
+            v[..., t, :],
+            state,
+            decay=LOG_DECAY,
+            normalize=normalize,
+            feature_map=fm,
+        )
         rows.append(out)
     torch.testing.assert_close(torch.stack(rows, dim=-2), ref)
 
@@ -564,26 +643,43 @@ def test_decayed_step_accepts_a_length_one_position_axis():
     q, k, v = qkv(5, d=4, e=3)
     state_a = state_b = None
     for t in range(5):
-        out_a, state_a = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state_a,
-                                               decay=LOG_DECAY)
-        out_b, state_b = linear_attention_step(q[..., t:t + 1, :], k[..., t:t + 1, :],
-                                               v[..., t:t + 1, :], state_b, decay=LOG_DECAY)
+        out_a, state_a = linear_attention_step(
+            q[..., t, :], k[..., t, :], v[..., t, :], state_a, decay=LOG_DECAY
+        )
+        out_b, state_b = linear_attention_step(
+            q[..., t : t + 1, :],
+            k[..., t : t + 1, :],
+            v[..., t : t + 1, :],
+            state_b,
+            decay=LOG_DECAY,
+        )
     torch.testing.assert_close(out_b[..., 0, :], out_a)
     with pytest.raises(ValueError, match="one log-decay per head"):
-        linear_attention_step(q[0, :, 0, :], k[0, :, 0, :], v[0, :, 0, :],
-                              decay=torch.zeros(2, dtype=F64))
+        linear_attention_step(
+            q[0, :, 0, :], k[0, :, 0, :], v[0, :, 0, :], decay=torch.zeros(2, dtype=F64)
+        )
 
 
 def test_zero_decay_and_a_scalar_decay():
     q, k, v = qkv(10)
     plain = linear_attention(q, k, v, is_causal=True, chunk_size=3)
     torch.testing.assert_close(
-        linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=torch.zeros(3, dtype=F64)),
-        plain)
+        linear_attention(
+            q, k, v, is_causal=True, chunk_size=3, decay=torch.zeros(3, dtype=F64)
+        ),
+        plain,
+    )
     torch.testing.assert_close(
         linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=-0.2),
-        linear_attention(q, k, v, is_causal=True, chunk_size=3,
-                         decay=torch.full((3,), -0.2, dtype=F64)))
+        linear_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            chunk_size=3,
+            decay=torch.full((3,), -0.2, dtype=F64),
+        ),
+    )
 
 
 @pytest.mark.parametrize("log_decay", [-200.0, -math.inf])
@@ -592,14 +688,19 @@ def test_strong_decay_keeps_only_the_diagonal(log_decay):
     out = linear_attention(q, k, v, is_causal=True, chunk_size=3, decay=log_decay)
     lit = lightning_attention(q, k, v, decay=log_decay, block_size=3, scale=1.0)
     torch.testing.assert_close(lit, (q * k).sum(-1, keepdim=True) * v)
-    torch.testing.assert_close(out, v / (1 + 1e-6 / (elu_feature_map(q) * elu_feature_map(k)).sum(
-        -1, keepdim=True)))
+    torch.testing.assert_close(
+        out,
+        v
+        / (1 + 1e-6 / (elu_feature_map(q) * elu_feature_map(k)).sum(-1, keepdim=True)),
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 5, 13, 100])
 def test_lightning_block_loop_equals_the_decayed_loop(block_size):
     q, k, v = qkv(13, d=4, e=3, grad=True)
-    ref = decayed_loop(q * 0.5, k, v, LOG_DECAY, lambda x: x, False)  # default scale 4 ** -0.5
+    ref = decayed_loop(
+        q * 0.5, k, v, LOG_DECAY, lambda x: x, False
+    )  # default scale 4 ** -0.5
     out = lightning_attention(q, k, v, decay=LOG_DECAY, block_size=block_size)
     torch.testing.assert_close(out, ref)
     for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
@@ -608,24 +709,48 @@ def test_lightning_block_loop_equals_the_decayed_loop(block_size):
 
 def test_lightning_gradcheck_and_state_chaining():
     q, k, v = qkv(6, d=3, e=2, batch=(1, 3), grad=True)
-    decay = (LOG_DECAY - 0.01).requires_grad_()  # inside the valid range for the differences
+    decay = (
+        LOG_DECAY - 0.01
+    ).requires_grad_()  # inside the valid range for the differences
     assert torch.autograd.gradcheck(
-        lambda q, k, v, g: lightning_attention(q, k, v, decay=g, block_size=4), (q, k, v, decay))
+        lambda q, k, v, g: lightning_attention(q, k, v, decay=g, block_size=4),
+        (q, k, v, decay),
+    )
     q, k, v = qkv(11, d=4, e=3)
-    whole, final = lightning_attention(q, k, v, decay=LOG_DECAY, block_size=4,
-                                       output_final_state=True)
-    first, mid = lightning_attention(q[..., :5, :], k[..., :5, :], v[..., :5, :], decay=LOG_DECAY,
-                                     block_size=4, output_final_state=True)
-    second, end = lightning_attention(q[..., 5:, :], k[..., 5:, :], v[..., 5:, :],
-                                      decay=LOG_DECAY, block_size=4, initial_state=mid,
-                                      output_final_state=True)
+    whole, final = lightning_attention(
+        q, k, v, decay=LOG_DECAY, block_size=4, output_final_state=True
+    )
+    first, mid = lightning_attention(
+        q[..., :5, :],
+        k[..., :5, :],
+        v[..., :5, :],
+        decay=LOG_DECAY,
+        block_size=4,
+        output_final_state=True,
+    )
+    second, end = lightning_attention(
+        q[..., 5:, :],
+        k[..., 5:, :],
+        v[..., 5:, :],
+        decay=LOG_DECAY,
+        block_size=4,
+        initial_state=mid,
+        output_final_state=True,
+    )
     torch.testing.assert_close(torch.cat([first, second], dim=-2), whole)
     torch.testing.assert_close(end, final)
     # the state is the step's S, read with the scale
     state = None
     for t in range(11):
-        _, state = linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state,
-                                         decay=LOG_DECAY, normalize=False, feature_map=lambda x: x)
+        _, state = linear_attention_step(
+            q[..., t, :],
+            k[..., t, :],
+            v[..., t, :],
+            state,
+            decay=LOG_DECAY,
+            normalize=False,
+            feature_map=lambda x: x,
+        )
     torch.testing.assert_close(state[0], final)
 
 
@@ -633,7 +758,9 @@ def test_lightning_grouped_query_heads():
     q = qkv(8, batch=(1, 4))[0]
     _, k, v = qkv(8, batch=(1, 2))
     out = lightning_attention(q, k, v, enable_gqa=True, decay=-0.1, block_size=3)
-    ref = lightning_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), decay=-0.1)
+    ref = lightning_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), decay=-0.1
+    )
     torch.testing.assert_close(out, ref)
 
 

@@ -19,9 +19,14 @@ def test_causal_mask_matches_loop(i, j, align):
 
 def test_causal_mask_is_what_torch_is_causal_means():
     q = torch.randn(1, 4, 3, dtype=torch.float64)
-    k, v = torch.randn(1, 6, 3, dtype=torch.float64), torch.randn(1, 6, 2, dtype=torch.float64)
+    k, v = (
+        torch.randn(1, 6, 3, dtype=torch.float64),
+        torch.randn(1, 6, 2, dtype=torch.float64),
+    )
     f = torch.nn.functional.scaled_dot_product_attention
-    torch.testing.assert_close(f(q, k, v, is_causal=True), f(q, k, v, attn_mask=causal_mask(4, 6)))
+    torch.testing.assert_close(
+        f(q, k, v, is_causal=True), f(q, k, v, attn_mask=causal_mask(4, 6))
+    )
 
 
 def test_decoding_mask_is_cached_block_plus_triangle():
@@ -66,13 +71,30 @@ def test_additive_mask_equals_boolean_in_attention():
         (lambda: causal_mask(-1), ValueError, "i must be >= 0, got -1"),
         (lambda: causal_mask(2.5), TypeError, "i must be an int, got float"),
         (lambda: causal_mask(2, 3, align="left"), ValueError, "align must be"),
-        (lambda: padding_mask([1, 4], 3), ValueError, r"lengths must lie in \[0, j=3\], got \[1, 4\]"),
-        (lambda: padding_mask(torch.tensor([[1]]), 3), ValueError, r"lengths must be 1-D, one length per sequence, got shape \(1, 1\)"),
-        (lambda: combine_masks(torch.ones(2, 3, dtype=torch.bool), torch.ones(4, 3, dtype=torch.bool)),
-         ValueError, r"masks must broadcast .* got \(2, 3\) and \(4, 3\)"),
+        (
+            lambda: padding_mask([1, 4], 3),
+            ValueError,
+            r"lengths must lie in \[0, j=3\], got \[1, 4\]",
+        ),
+        (
+            lambda: padding_mask(torch.tensor([[1]]), 3),
+            ValueError,
+            r"lengths must be 1-D, one length per sequence, got shape \(1, 1\)",
+        ),
+        (
+            lambda: combine_masks(
+                torch.ones(2, 3, dtype=torch.bool), torch.ones(4, 3, dtype=torch.bool)
+            ),
+            ValueError,
+            r"masks must broadcast .* got \(2, 3\) and \(4, 3\)",
+        ),
         (lambda: combine_masks(torch.ones(2, 2)), TypeError, "boolean masks"),
         (lambda: to_additive_mask(torch.ones(2, 2)), TypeError, "mask must be boolean"),
-        (lambda: to_additive_mask(causal_mask(2), torch.int64), TypeError, "floating-point dtype"),
+        (
+            lambda: to_additive_mask(causal_mask(2), torch.int64),
+            TypeError,
+            "floating-point dtype",
+        ),
     ],
 )
 def test_bad_input(call, exc, match):
@@ -83,7 +105,13 @@ def test_bad_input(call, exc, match):
 def test_shape_broadcasting_rule_matches_torch():
     from attention._checks import _broadcast
 
-    cases = [((2, 1, 3), (4, 3)), ((1,), (5, 1)), ((), (2, 2)), ((2, 3), (3, 2)), ((0, 1), (1, 4))]
+    cases = [
+        ((2, 1, 3), (4, 3)),
+        ((1,), (5, 1)),
+        ((), (2, 2)),
+        ((2, 3), (3, 2)),
+        ((0, 1), (1, 4)),
+    ]
     for a, b in cases:
         try:
             expected = tuple(torch.broadcast_shapes(a, b))
@@ -104,9 +132,13 @@ def test_left_padding_puts_the_real_tokens_at_the_end():
 def test_padding_mask_refuses_float_lengths_instead_of_truncating():
     with pytest.raises(TypeError, match="lengths must hold ints, got float 1.5"):
         padding_mask([1.5, 2.7], 3)
-    with pytest.raises(TypeError, match="lengths must be an integer tensor, got dtype torch.float32"):
+    with pytest.raises(
+        TypeError, match="lengths must be an integer tensor, got dtype torch.float32"
+    ):
         padding_mask(torch.tensor([1.0, 2.0]), 3)
-    with pytest.raises(ValueError, match="side must be one of 'right', 'left', got 'top'"):
+    with pytest.raises(
+        ValueError, match="side must be one of 'right', 'left', got 'top'"
+    ):
         padding_mask([1], 3, side="top")
     with pytest.raises(ValueError, match=r"lengths must be >= 0, got \[-1\]"):
         padding_mask([-1], 3)
@@ -125,13 +157,21 @@ def test_block_diagonal_mask_matches_a_loop():
 def test_packed_attention_equals_attention_on_each_sequence():
     lengths = [3, 1, 4]
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, sum(lengths), 5, dtype=torch.float64, generator=g) for _ in range(3))
+    q, k, v = (
+        torch.randn(2, sum(lengths), 5, dtype=torch.float64, generator=g)
+        for _ in range(3)
+    )
     f = torch.nn.functional.scaled_dot_product_attention
     for is_causal in (False, True):
         packed = f(q, k, v, attn_mask=block_diagonal_mask(lengths, is_causal=is_causal))
         starts = [0, 3, 4, 8]
-        apart = torch.cat([f(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=is_causal)
-                           for a, b in zip(starts, starts[1:])], dim=1)
+        apart = torch.cat(
+            [
+                f(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=is_causal)
+                for a, b in zip(starts, starts[1:])
+            ],
+            dim=1,
+        )
         torch.testing.assert_close(packed, apart)
 
 
@@ -140,5 +180,8 @@ def test_mask_builders_refuse_bad_flags_and_devices():
         block_diagonal_mask([2], is_causal=1)
     with pytest.raises(TypeError, match="device must be a torch.device"):
         causal_mask(2, device=3.0)
-    with pytest.raises(ValueError, match="mask 0 and mask 1 must be on the same device, got cpu and meta"):
+    with pytest.raises(
+        ValueError,
+        match="mask 0 and mask 1 must be on the same device, got cpu and meta",
+    ):
         combine_masks(causal_mask(2), causal_mask(2, device="meta"))

@@ -8,7 +8,9 @@ from attention import mqar_batch
 
 def batch(num_pairs=6, seq_len=40, vocab_size=64, batch_size=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return mqar_batch(num_pairs, seq_len, vocab_size, batch_size=batch_size, generator=g)
+    return mqar_batch(
+        num_pairs, seq_len, vocab_size, batch_size=batch_size, generator=g
+    )
 
 
 def test_shapes_dtypes_and_scored_positions():
@@ -23,8 +25,9 @@ def test_shapes_dtypes_and_scored_positions():
 def test_every_scored_target_is_the_value_after_its_key_in_the_context():
     inputs, targets, scored = batch()
     for row in range(16):
-        context = dict(zip(inputs[row, 0:12:2].tolist(), inputs[row, 1:12:2].tolist(),
-                           strict=True))
+        context = dict(
+            zip(inputs[row, 0:12:2].tolist(), inputs[row, 1:12:2].tolist(), strict=True)
+        )
         assert len(context) == 6  # distinct keys
         asked = inputs[row][scored[row]].tolist()
         assert sorted(asked) == sorted(context)  # each key asked exactly once

@@ -26,7 +26,13 @@ DT = torch.float64
 def _torch_mha(embed_dim, num_heads, *, kdim=None, vdim=None, bias=True, seed=0):
     torch.manual_seed(seed)
     ref = nn.MultiheadAttention(
-        embed_dim, num_heads, batch_first=True, kdim=kdim, vdim=vdim, bias=bias, dtype=DT
+        embed_dim,
+        num_heads,
+        batch_first=True,
+        kdim=kdim,
+        vdim=vdim,
+        bias=bias,
+        dtype=DT,
     )
     if bias:  # torch initialises the biases to zero; make them matter
         with torch.no_grad():
@@ -46,7 +52,12 @@ def _inputs(b, i, j, embed_dim, kdim, vdim, seed=1):
 # ---------------------------------------------------------------- split / merge / repeat
 
 
-@given(b=st.integers(1, 3), length=st.integers(1, 6), h=st.integers(1, 4), d=st.integers(1, 5))
+@given(
+    b=st.integers(1, 3),
+    length=st.integers(1, 6),
+    h=st.integers(1, 4),
+    d=st.integers(1, 5),
+)
 @settings(max_examples=30, deadline=None)
 def test_split_merge_round_trip(b, length, h, d):
     x = torch.randn(b, length, h * d, dtype=DT)
@@ -159,7 +170,9 @@ def test_parity_with_torch_is_causal():
 
 def test_from_torch_rejects_bias_kv():
     ref = nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
-    with pytest.raises(ValueError, match="add_bias_kv and add_zero_attn are not supported"):
+    with pytest.raises(
+        ValueError, match="add_bias_kv and add_zero_attn are not supported"
+    ):
         MultiHeadAttention.from_torch(ref)
 
 
@@ -239,7 +252,9 @@ def test_gqa_equals_mha_with_repeated_kv_heads(num_kv_heads, need_weights):
             src, dst = getattr(gqa, name), getattr(mha, name)
             w = src.weight.reshape(num_kv_heads, d, -1).repeat_interleave(groups, dim=0)
             dst.weight.copy_(w.reshape(h * d, -1))
-            dst.bias.copy_(src.bias.reshape(num_kv_heads, d).repeat_interleave(groups, 0).flatten())
+            dst.bias.copy_(
+                src.bias.reshape(num_kv_heads, d).repeat_interleave(groups, 0).flatten()
+            )
     x = torch.randn(2, 5, h * d, dtype=DT)
     out_g, w_g = gqa(x, x, x, is_causal=True, need_weights=need_weights)
     out_m, w_m = mha(x, x, x, is_causal=True, need_weights=need_weights)
@@ -281,7 +296,11 @@ def test_gradients_flow_to_inputs_and_every_projection(need_weights):
     out, _ = m(q, k, v, need_weights=need_weights)
     out.square().sum().backward()
     for t in (q, k, v, *m.parameters()):
-        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+        assert (
+            t.grad is not None
+            and torch.isfinite(t.grad).all()
+            and t.grad.abs().sum() > 0
+        )
 
 
 def test_gradients_of_both_paths_agree():
@@ -321,7 +340,9 @@ def test_fused_path_agrees_with_functional_sdpa_in_float32():
     q = split_heads(m.w_query(x), 4)
     k = split_heads(m.w_key(x), 4)
     v = split_heads(m.w_value(x), 4)
-    expected = m.w_out(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+    expected = m.w_out(
+        merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    )
     assert_close(m(x, x, x, is_causal=True)[0], expected)
 
 
@@ -329,7 +350,9 @@ def test_fused_path_agrees_with_functional_sdpa_in_float32():
 
 
 def test_rejects_embed_dim_not_divisible_by_num_heads():
-    with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads, got 10 and 3"):
+    with pytest.raises(
+        ValueError, match="embed_dim must be divisible by num_heads, got 10 and 3"
+    ):
         MultiHeadAttention(10, 3)
 
 
@@ -387,7 +410,9 @@ def test_rejects_key_value_length_mismatch():
 def test_rejects_mask_that_does_not_broadcast():
     m = MultiHeadAttention(8, 2)
     x = torch.randn(2, 4, 8)
-    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast"):
+    with pytest.raises(
+        ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast"
+    ):
         m(x, x, x, attn_mask=torch.ones(3, 4, dtype=torch.bool))
 
 
@@ -401,7 +426,9 @@ def test_rejects_integer_mask():
 def test_rejects_is_causal_with_attn_mask():
     m = MultiHeadAttention(8, 2)
     x = torch.randn(2, 4, 8)
-    with pytest.raises(ValueError, match="either attn_mask or is_causal=True, not both"):
+    with pytest.raises(
+        ValueError, match="either attn_mask or is_causal=True, not both"
+    ):
         m(x, x, x, attn_mask=causal_mask(4), is_causal=True)
 
 
@@ -414,13 +441,21 @@ def test_rejects_non_tensor_input():
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_sequence_first_matches_torch(need_weights):
     torch.manual_seed(0)
-    ref = nn.MultiheadAttention(12, 3, batch_first=False, kdim=5, vdim=7, dtype=DT).eval()
+    ref = nn.MultiheadAttention(
+        12, 3, batch_first=False, kdim=5, vdim=7, dtype=DT
+    ).eval()
     with torch.no_grad():
         ref.out_proj.bias.normal_()
     ours = MultiHeadAttention.from_torch(ref)
-    seq_first = MultiHeadAttention(12, 3, kdim=5, vdim=7, batch_first=False, dtype=DT).eval()
+    seq_first = MultiHeadAttention(
+        12, 3, kdim=5, vdim=7, batch_first=False, dtype=DT
+    ).eval()
     seq_first.load_state_dict(ours.state_dict())
-    q, k, v = torch.randn(4, 2, 12, dtype=DT), torch.randn(6, 2, 5, dtype=DT), torch.randn(6, 2, 7, dtype=DT)
+    q, k, v = (
+        torch.randn(4, 2, 12, dtype=DT),
+        torch.randn(6, 2, 5, dtype=DT),
+        torch.randn(6, 2, 7, dtype=DT),
+    )
     mask = torch.rand(4, 6) > 0.3
     mask[:, 0] = True
     expected, expected_w = ref(q, k, v, attn_mask=~mask)
@@ -430,21 +465,33 @@ def test_sequence_first_matches_torch(need_weights):
     if need_weights:
         assert_close(w.mean(1), expected_w)
     assert "batch_first=False" in repr(seq_first)
-    with pytest.raises(ValueError, match=r"sequence-first with shape \(L, b, embed_dim\)"):
+    with pytest.raises(
+        ValueError, match=r"sequence-first with shape \(L, b, embed_dim\)"
+    ):
         seq_first(q[0], k, v)
 
 
 def test_attention_fn_puts_another_kernel_inside():
     from functools import partial
 
-    from attention import attention_with_sinks, scaled_dot_product_attention, tiled_attention
+    from attention import (
+        attention_with_sinks,
+        scaled_dot_product_attention,
+        tiled_attention,
+    )
 
     torch.manual_seed(0)
     ref = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT).eval()
     x = torch.randn(2, 7, 16, dtype=DT, requires_grad=True)
     mask = torch.rand(7, 7) > 0.4
-    for fn in (tiled_attention, partial(tiled_attention, block_size=3), scaled_dot_product_attention):
-        mha = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT, attention_fn=fn).eval()
+    for fn in (
+        tiled_attention,
+        partial(tiled_attention, block_size=3),
+        scaled_dot_product_attention,
+    ):
+        mha = MultiHeadAttention(
+            16, 4, num_kv_heads=2, dtype=DT, attention_fn=fn
+        ).eval()
         mha.load_state_dict(ref.state_dict())
         for kwargs in ({"is_causal": True}, {"attn_mask": mask}, {}):
             out, w = mha(x, x, x, **kwargs)
@@ -455,33 +502,65 @@ def test_attention_fn_puts_another_kernel_inside():
             g2 = torch.autograd.grad(expected.sum(), (x, *ref.parameters()))
             for a, b in zip(g1, g2):
                 assert_close(a, b)
-    cache_mha = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT, attention_fn=partial(tiled_attention, block_size=2))
+    cache_mha = MultiHeadAttention(
+        16,
+        4,
+        num_kv_heads=2,
+        dtype=DT,
+        attention_fn=partial(tiled_attention, block_size=2),
+    )
     cache_mha.load_state_dict(ref.state_dict())
     cache = cache_mha.new_cache(2, 7)
     with torch.no_grad():
         full, _ = ref(x, x, x, is_causal=True)
-        pieces = [cache_mha(x[:, :4], x[:, :4], x[:, :4], is_causal=True, cache=cache)[0]]
-        pieces += [cache_mha(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], is_causal=True, cache=cache)[0] for t in range(4, 7)]
+        pieces = [
+            cache_mha(x[:, :4], x[:, :4], x[:, :4], is_causal=True, cache=cache)[0]
+        ]
+        pieces += [
+            cache_mha(
+                x[:, t : t + 1],
+                x[:, t : t + 1],
+                x[:, t : t + 1],
+                is_causal=True,
+                cache=cache,
+            )[0]
+            for t in range(4, 7)
+        ]
     assert_close(torch.cat(pieces, 1), full)
     # a kernel with its own options: sinks that no query attends to change nothing
-    sinks = MultiHeadAttention(16, 4, num_kv_heads=2, dtype=DT, attention_fn=partial(
-        attention_with_sinks, sinks=torch.full((4,), -torch.inf, dtype=DT)))
+    sinks = MultiHeadAttention(
+        16,
+        4,
+        num_kv_heads=2,
+        dtype=DT,
+        attention_fn=partial(
+            attention_with_sinks, sinks=torch.full((4,), -torch.inf, dtype=DT)
+        ),
+    )
     sinks.load_state_dict(ref.state_dict())
     with torch.no_grad():
         assert_close(sinks(x, x, x, is_causal=True)[0], ref(x, x, x, is_causal=True)[0])
-    assert "attention_fn=tiled_attention" in repr(MultiHeadAttention(16, 4, attention_fn=tiled_attention))
+    assert "attention_fn=tiled_attention" in repr(
+        MultiHeadAttention(16, 4, attention_fn=tiled_attention)
+    )
 
 
 def test_attention_fn_refusals():
     from attention import tiled_attention
 
-    with pytest.raises(TypeError, match="attention_fn must be callable or None, got int"):
+    with pytest.raises(
+        TypeError, match="attention_fn must be callable or None, got int"
+    ):
         MultiHeadAttention(8, 2, attention_fn=3)
     with pytest.raises(ValueError, match="a custom attention_fn takes no dropout"):
         MultiHeadAttention(8, 2, attention_fn=tiled_attention, dropout=0.1)
     x = torch.randn(1, 3, 8)
-    with pytest.raises(ValueError, match="need_weights=True needs the reference kernel"):
-        MultiHeadAttention(8, 2, attention_fn=tiled_attention)(x, x, x, need_weights=True)
+    with pytest.raises(
+        ValueError, match="need_weights=True needs the reference kernel"
+    ):
+        MultiHeadAttention(8, 2, attention_fn=tiled_attention)(
+            x, x, x, need_weights=True
+        )
 
 
 # ---------------------------------------------------------------- one contract, every boundary
@@ -510,14 +589,24 @@ def test_options_are_keyword_only():
 def test_rejects_input_of_another_dtype_or_device():
     m = MultiHeadAttention(8, 2)  # float32 parameters
     x = torch.randn(1, 3, 8, dtype=DT)
-    with pytest.raises(TypeError, match=r"query must have the dtype of the module's parameters \(torch.float32\), got torch.float64"):
+    with pytest.raises(
+        TypeError,
+        match=r"query must have the dtype of the module's parameters \(torch.float32\), got torch.float64",
+    ):
         m(x, x, x)
     y = torch.randn(1, 3, 8)
-    with pytest.raises(ValueError, match="key and the module's parameters must be on the same device, got meta and cpu"):
+    with pytest.raises(
+        ValueError,
+        match="key and the module's parameters must be on the same device, got meta and cpu",
+    ):
         m(y, y.to("meta"), y)
-    with pytest.raises(ValueError, match="query and attn_mask must be on the same device"):
+    with pytest.raises(
+        ValueError, match="query and attn_mask must be on the same device"
+    ):
         m(y, y, y, attn_mask=causal_mask(3, device="meta"))
-    with pytest.raises(TypeError, match="dtype must be a floating-point dtype, got torch.int64"):
+    with pytest.raises(
+        TypeError, match="dtype must be a floating-point dtype, got torch.int64"
+    ):
         MultiHeadAttention(8, 2, dtype=torch.int64)
 
 
@@ -531,8 +620,10 @@ def test_empty_query_or_key_axes_as_torch(i, j, need_weights):
     out, w = ours(q, kv, kv, need_weights=need_weights)
     assert out.shape == (2, i, 8)
     expected = F.scaled_dot_product_attention(
-        ours.w_query(q).view(2, i, 2, 4).transpose(1, 2), ours.w_key(kv).view(2, j, 2, 4).transpose(1, 2),
-        ours.w_value(kv).view(2, j, 2, 4).transpose(1, 2))
+        ours.w_query(q).view(2, i, 2, 4).transpose(1, 2),
+        ours.w_key(kv).view(2, j, 2, 4).transpose(1, 2),
+        ours.w_value(kv).view(2, j, 2, 4).transpose(1, 2),
+    )
     assert_close(out, ours.w_out(expected.transpose(1, 2).reshape(2, i, 8)))
     if need_weights:
         assert w.shape == (2, 2, i, j)

@@ -12,7 +12,9 @@ F64 = torch.float64
 def data(n=9, d=4, e=3, batch=(2,), seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(*batch, n, d, generator=g, dtype=F64)
-    k = torch.nn.functional.normalize(torch.randn(*batch, n, d, generator=g, dtype=F64), dim=-1)
+    k = torch.nn.functional.normalize(
+        torch.randn(*batch, n, d, generator=g, dtype=F64), dim=-1
+    )
     v = torch.randn(*batch, n, e, generator=g, dtype=F64)
     theta = torch.rand(*batch, n, generator=g, dtype=F64)
     alpha = 0.3 * torch.rand(*batch, n, generator=g, dtype=F64)
@@ -24,19 +26,26 @@ def test_linear_memory_without_momentum_is_the_gated_delta_rule():
     q, k, v, theta, alpha = data()
     mem = NeuralMemory(4, 3, dtype=F64)
     out = mem(q, k, v, learning_rate=theta, forgetting=alpha)
-    ref, state = gated_delta_rule_attention(q, k, v, theta, torch.log1p(-alpha), scale=1.0,
-                                            output_final_state=True)
+    ref, state = gated_delta_rule_attention(
+        q, k, v, theta, torch.log1p(-alpha), scale=1.0, output_final_state=True
+    )
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(mem.weights[0].transpose(-2, -1), state)
 
 
 def test_titans_order_differs_unless_nothing_is_forgotten():
     q, k, v, theta, alpha = data()
-    forgotten = NeuralMemory(4, 3, dtype=F64)(q, k, v, learning_rate=theta, forgetting=alpha)
+    forgotten = NeuralMemory(4, 3, dtype=F64)(
+        q, k, v, learning_rate=theta, forgetting=alpha
+    )
     previous = NeuralMemory(4, 3, dtype=F64, gradient_at="previous")
-    assert not torch.allclose(previous(q, k, v, learning_rate=theta, forgetting=alpha), forgotten)
+    assert not torch.allclose(
+        previous(q, k, v, learning_rate=theta, forgetting=alpha), forgotten
+    )
     a = NeuralMemory(4, 3, dtype=F64)(q, k, v, learning_rate=theta)
-    b = NeuralMemory(4, 3, dtype=F64, gradient_at="previous")(q, k, v, learning_rate=theta)
+    b = NeuralMemory(4, 3, dtype=F64, gradient_at="previous")(
+        q, k, v, learning_rate=theta
+    )
     torch.testing.assert_close(a, b)
 
 
@@ -46,8 +55,10 @@ def titans_reference(mem, keys, values, theta, eta, alpha, gradient_at):
     momentum = [torch.zeros_like(w) for w in weights]
     for t in range(keys.shape[-2]):
         forgotten = [(1 - alpha) * w for w in weights]
-        at = [w.clone().requires_grad_() for w in (forgotten if gradient_at == "forgotten"
-                                                    else weights)]
+        at = [
+            w.clone().requires_grad_()
+            for w in (forgotten if gradient_at == "forgotten" else weights)
+        ]
         x = keys[t]
         y = at[0] @ x if len(at) == 1 else at[1] @ torch.nn.functional.silu(at[0] @ x)
         loss = 0.5 * ((y - values[t]) ** 2).sum()
@@ -59,13 +70,24 @@ def titans_reference(mem, keys, values, theta, eta, alpha, gradient_at):
 
 @pytest.mark.parametrize("hidden_dim", [None, 6])
 @pytest.mark.parametrize("gradient_at", ["forgotten", "previous"])
-def test_update_with_momentum_and_forgetting_matches_an_autograd_reference(hidden_dim,
-                                                                           gradient_at):
+def test_update_with_momentum_and_forgetting_matches_an_autograd_reference(
+    hidden_dim, gradient_at
+):
     _, k, v, _, _ = data(batch=())
     torch.manual_seed(0)
-    mem = NeuralMemory(4, 3, hidden_dim=hidden_dim, learning_rate=0.4, momentum=0.6,
-                       forgetting=0.1, gradient_at=gradient_at, dtype=F64)
-    if hidden_dim is not None:  # a non-zero second layer so both layers learn from step one
+    mem = NeuralMemory(
+        4,
+        3,
+        hidden_dim=hidden_dim,
+        learning_rate=0.4,
+        momentum=0.6,
+        forgetting=0.1,
+        gradient_at=gradient_at,
+        dtype=F64,
+    )
+    if (
+        hidden_dim is not None
+    ):  # a non-zero second layer so both layers learn from step one
         with torch.no_grad():
             mem.weight2.normal_()
     ref = titans_reference(mem, k, v, 0.4, 0.6, 0.1, gradient_at)
@@ -105,7 +127,9 @@ def test_updates_in_two_calls_equal_one_call_and_reset_starts_again():
     for a, b in zip(one.weights, two.weights, strict=True):
         torch.testing.assert_close(a, b)
     one.reset()
-    assert not one.retrieve(k).any()  # zero second layer: the initial memory reads zeros
+    assert not one.retrieve(
+        k
+    ).any()  # zero second layer: the initial memory reads zeros
 
 
 def test_gradients_flow_to_the_initial_weights_and_inputs():
@@ -123,7 +147,11 @@ def test_gradients_flow_to_the_initial_weights_and_inputs():
     mem.reset()
     out = mem(q, k, v)
     out.sum().backward()
-    assert mem.weight1.grad is not None and mem.weight2.grad is not None and k.grad is not None
+    assert (
+        mem.weight1.grad is not None
+        and mem.weight2.grad is not None
+        and k.grad is not None
+    )
 
 
 # --------------------------------------------------------------------------- bad input
@@ -143,13 +171,19 @@ def test_bad_options_are_refused():
 def test_bad_inputs_are_refused():
     q, k, v, theta, _ = data()
     mem = NeuralMemory(4, 3, dtype=F64)
-    with pytest.raises(ValueError, match="keys must have last dimension d = key_dim = 4"):
+    with pytest.raises(
+        ValueError, match="keys must have last dimension d = key_dim = 4"
+    ):
         mem.update(k[..., :3], v)
-    with pytest.raises(ValueError, match="values must have last dimension e = value_dim = 3"):
+    with pytest.raises(
+        ValueError, match="values must have last dimension e = value_dim = 3"
+    ):
         mem.update(k, v[..., :2])
     with pytest.raises(ValueError, match=r"keys and values must share \(\.\.\., n\)"):
         mem.update(k, v[:, :4])
     with pytest.raises(TypeError, match="must have the dtype of the memory's weights"):
         mem.update(k.float(), v.float())
-    with pytest.raises(ValueError, match=r"forgetting must lie in \[0, 1\], got values"):
+    with pytest.raises(
+        ValueError, match=r"forgetting must lie in \[0, 1\], got values"
+    ):
         mem.update(k, v, forgetting=theta + 1.0)

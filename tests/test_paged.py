@@ -16,8 +16,13 @@ def _fill(cache, lengths, h_kv, d, *, chunks=3, seed=0):
     """Grow several sequences interleaved, in uneven chunks; return their contiguous copies."""
     g = torch.Generator().manual_seed(seed)
     ids = [cache.add_sequence() for _ in lengths]
-    full = {s: (torch.randn(h_kv, n, d, generator=g, dtype=D64),
-                torch.randn(h_kv, n, d, generator=g, dtype=D64)) for s, n in zip(ids, lengths)}
+    full = {
+        s: (
+            torch.randn(h_kv, n, d, generator=g, dtype=D64),
+            torch.randn(h_kv, n, d, generator=g, dtype=D64),
+        )
+        for s, n in zip(ids, lengths)
+    }
     done = dict.fromkeys(ids, 0)
     rng = random.Random(seed)
     while any(done[s] < n for s, n in zip(ids, lengths)):
@@ -25,7 +30,7 @@ def _fill(cache, lengths, h_kv, d, *, chunks=3, seed=0):
         n = lengths[ids.index(s)]
         step = min(rng.randint(1, chunks), n - done[s])
         k, v = full[s]
-        cache.append(s, k[:, done[s]:done[s] + step], v[:, done[s]:done[s] + step])
+        cache.append(s, k[:, done[s] : done[s] + step], v[:, done[s] : done[s] + step])
         done[s] += step
     return ids, full
 
@@ -38,10 +43,14 @@ def test_gather_equals_contiguous_under_random_block_orders(seed):
     ids, full = _fill(cache, lengths, 2, 4, seed=seed)
     for s, n in zip(ids, lengths):
         k, v = cache.gather(s)
-        assert torch.equal(k, full[s][0]) and torch.equal(v, full[s][1])  # copies: exact
+        assert torch.equal(k, full[s][0]) and torch.equal(
+            v, full[s][1]
+        )  # copies: exact
         assert len(cache.block_tables[s]) == -(-n // 3)
     # every block belongs to exactly one owner (a sequence or the free list)
-    owners = sorted(b for t in cache.block_tables.values() for b in t) + cache.free_blocks
+    owners = (
+        sorted(b for t in cache.block_tables.values() for b in t) + cache.free_blocks
+    )
     assert sorted(owners) == list(range(16))
     assert cache.blocks_in_use == sum(-(-n // 3) for n in lengths)
 
@@ -61,9 +70,10 @@ def test_attend_equals_contiguous_kv_cache(is_causal):
         mask = None
         if is_causal:  # the queries are the newest i positions
             mask = torch.arange(n)[None, :] <= torch.arange(n - i, n)[:, None]
-        ref = F.scaled_dot_product_attention(q[row:row + 1], k, v, attn_mask=mask,
-                                             enable_gqa=True)
-        torch.testing.assert_close(out[row:row + 1], ref, atol=1e-12, rtol=0)
+        ref = F.scaled_dot_product_attention(
+            q[row : row + 1], k, v, attn_mask=mask, enable_gqa=True
+        )
+        torch.testing.assert_close(out[row : row + 1], ref, atol=1e-12, rtol=0)
 
 
 def test_decoding_through_shuffled_blocks_equals_dense_causal_attention():
@@ -73,10 +83,12 @@ def test_decoding_through_shuffled_blocks_equals_dense_causal_attention():
     a, b = cache.add_sequence(), cache.add_sequence()
     q, k, v = (torch.randn(2, h_kv, n, d, dtype=D64) for _ in range(3))
     outs = []
-    for t in range(n):  # both sequences decode in lockstep, blocks interleave in the pool
-        cache.append(a, k[0, :, t:t + 1], v[0, :, t:t + 1])
-        cache.append(b, k[1, :, t:t + 1], v[1, :, t:t + 1])
-        outs.append(cache.attend(q[:, :, t:t + 1], [a, b]))
+    for t in range(
+        n
+    ):  # both sequences decode in lockstep, blocks interleave in the pool
+        cache.append(a, k[0, :, t : t + 1], v[0, :, t : t + 1])
+        cache.append(b, k[1, :, t : t + 1], v[1, :, t : t + 1])
+        outs.append(cache.attend(q[:, :, t : t + 1], [a, b]))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(torch.cat(outs, dim=2), ref, atol=1e-12, rtol=0)
 
@@ -86,8 +98,11 @@ def test_free_returns_blocks_and_memory_accounting():
     assert cache.nbytes == 2 * 6 * 4 * 2 * 8 * 2
     assert cache.bytes_per_block == 2 * 4 * 2 * 8 * 2
     a = cache.add_sequence()
-    cache.append(a, torch.zeros(2, 9, 8, dtype=torch.float16), torch.zeros(2, 9, 8,
-                                                                           dtype=torch.float16))
+    cache.append(
+        a,
+        torch.zeros(2, 9, 8, dtype=torch.float16),
+        torch.zeros(2, 9, 8, dtype=torch.float16),
+    )
     assert cache.blocks_in_use == 3 and cache.lengths[a] == 9
     cache.free(a)
     assert cache.blocks_in_use == 0 and sorted(cache.free_blocks) == list(range(6))
@@ -97,21 +112,30 @@ def test_pool_overflow_is_a_clear_error_and_writes_nothing():
     cache = PagedKVCache(2, 2, num_kv_heads=1, head_dim=1)
     a = cache.add_sequence()
     cache.append(a, torch.ones(1, 3, 1), torch.ones(1, 3, 1))
-    with pytest.raises(ValueError, match=r"pool is full: sequence 0 needs 1 more block"):
+    with pytest.raises(
+        ValueError, match=r"pool is full: sequence 0 needs 1 more block"
+    ):
         cache.append(a, torch.ones(1, 2, 1), torch.ones(1, 2, 1))
     with pytest.raises(RuntimeError, match="pool is full"):
         cache.append(a, torch.ones(1, 2, 1), torch.ones(1, 2, 1))
     assert cache.lengths[a] == 3 and cache.free_blocks == []
-    cache.append(a, torch.ones(1, 1, 1), torch.ones(1, 1, 1))  # the partial block still fits
+    cache.append(
+        a, torch.ones(1, 1, 1), torch.ones(1, 1, 1)
+    )  # the partial block still fits
 
 
 def test_unknown_sequence_id():
     cache = PagedKVCache(2, 2, num_kv_heads=1, head_dim=1)
     cache.add_sequence()
-    for call in (lambda: cache.gather(5), lambda: cache.free(5),
-                 lambda: cache.append(5, torch.ones(1, 1, 1), torch.ones(1, 1, 1)),
-                 lambda: cache.attend(torch.ones(1, 1, 1, 1), [5])):
-        with pytest.raises(ValueError, match=r"no sequence with id 5 .* known ids: \[0\]"):
+    for call in (
+        lambda: cache.gather(5),
+        lambda: cache.free(5),
+        lambda: cache.append(5, torch.ones(1, 1, 1), torch.ones(1, 1, 1)),
+        lambda: cache.attend(torch.ones(1, 1, 1, 1), [5]),
+    ):
+        with pytest.raises(
+            ValueError, match=r"no sequence with id 5 .* known ids: \[0\]"
+        ):
             call()
     with pytest.raises(KeyError):
         cache.gather(5)
@@ -126,7 +150,9 @@ def test_bad_arguments():
         PagedKVCache(2, 2, num_kv_heads=1, head_dim=1, dtype=torch.int64)
     cache = PagedKVCache(4, 2, num_kv_heads=2, head_dim=3)
     s = cache.add_sequence()
-    with pytest.raises(ValueError, match="holds 2 key/value heads of size 3, got 1 heads"):
+    with pytest.raises(
+        ValueError, match="holds 2 key/value heads of size 3, got 1 heads"
+    ):
         cache.append(s, torch.ones(1, 1, 3), torch.ones(1, 1, 3))
     with pytest.raises(ValueError, match=r"must have shape \(h_kv, n, d\)"):
         cache.append(s, torch.ones(1, 2, 1, 3), torch.ones(1, 2, 1, 3))

@@ -1,4 +1,4 @@
-"""Tests for attention/efficient/patterns.py, the sparse patterns of chapter 12.
+"""Tests for attention/efficient/patterns.py, the sparse patterns of chapter 13.
 
 Every builder is checked against a naive double loop over (query i, key j); the window
 conventions against flash-attn's formula and the masks Hugging Face transformers builds.
@@ -23,14 +23,18 @@ from attention import (
 
 def loop_mask(n, rule, j=None):
     j = n if j is None else j
-    return torch.tensor([[rule(a, b) for b in range(j)] for a in range(n)], dtype=torch.bool).reshape(n, j)
+    return torch.tensor(
+        [[rule(a, b) for b in range(j)] for a in range(n)], dtype=torch.bool
+    ).reshape(n, j)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 37])
 @pytest.mark.parametrize("window", [0, 1, 3, 16, 64])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_sliding_window_mask_matches_loop(n, window, is_causal):
-    expected = loop_mask(n, lambda i, j: abs(i - j) <= window and (not is_causal or j <= i))
+    expected = loop_mask(
+        n, lambda i, j: abs(i - j) <= window and (not is_causal or j <= i)
+    )
     m = sliding_window_mask(n, window, is_causal=is_causal)
     assert m.dtype == torch.bool and torch.equal(m, expected)
 
@@ -40,16 +44,24 @@ def test_sliding_window_mask_matches_loop(n, window, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_dilated_mask_matches_loop(n, window, dilation, is_causal):
     def rule(i, j):
-        return any(j == i + s * dilation for s in range(-window, (0 if is_causal else window) + 1))
+        return any(
+            j == i + s * dilation
+            for s in range(-window, (0 if is_causal else window) + 1)
+        )
 
-    assert torch.equal(dilated_mask(n, window, dilation, is_causal=is_causal), loop_mask(n, rule))
+    assert torch.equal(
+        dilated_mask(n, window, dilation, is_causal=is_causal), loop_mask(n, rule)
+    )
 
 
 def test_dilation_one_is_sliding_window():
     assert torch.equal(dilated_mask(20, 3, 1), sliding_window_mask(20, 3))
 
 
-@pytest.mark.parametrize("n, window, global_idx", [(1, 0, [0]), (10, 1, [0]), (13, 2, [0, 5, 12]), (8, 0, [])])
+@pytest.mark.parametrize(
+    "n, window, global_idx",
+    [(1, 0, [0]), (10, 1, [0]), (13, 2, [0, 5, 12]), (8, 0, [])],
+)
 def test_global_tokens_mask_matches_loop(n, window, global_idx):
     g = set(global_idx)
     expected = loop_mask(n, lambda i, j: abs(i - j) <= window or i in g or j in g)
@@ -63,19 +75,38 @@ def naive_bigbird(n, window, num_global, num_random, block_size, seed):
     u = torch.rand(nb, nb, generator=torch.Generator().manual_seed(seed))
     layout = torch.zeros(nb, nb, dtype=torch.bool)
     for r in range(nb):
-        base = [c for c in range(nb) if abs(r - c) <= window or r < num_global or c < num_global]
-        free = sorted((c for c in range(nb) if c not in base), key=lambda c: float(u[r, c]))
+        base = [
+            c
+            for c in range(nb)
+            if abs(r - c) <= window or r < num_global or c < num_global
+        ]
+        free = sorted(
+            (c for c in range(nb) if c not in base), key=lambda c: float(u[r, c])
+        )
         for c in base + free[:num_random]:
             layout[r, c] = True
     return loop_mask(n, lambda i, j: bool(layout[i // block_size, j // block_size]))
 
 
-@pytest.mark.parametrize("n, window, num_global, num_random, block_size",
-                         [(1, 0, 0, 1, 1), (16, 1, 2, 3, 1), (33, 2, 1, 0, 1), (20, 0, 0, 20, 1),
-                          (37, 1, 1, 2, 4), (64, 1, 2, 3, 8), (10, 0, 0, 1, 3)])
-def test_bigbird_mask_is_window_global_plus_random_blocks(n, window, num_global, num_random, block_size):
+@pytest.mark.parametrize(
+    "n, window, num_global, num_random, block_size",
+    [
+        (1, 0, 0, 1, 1),
+        (16, 1, 2, 3, 1),
+        (33, 2, 1, 0, 1),
+        (20, 0, 0, 20, 1),
+        (37, 1, 1, 2, 4),
+        (64, 1, 2, 3, 8),
+        (10, 0, 0, 1, 3),
+    ],
+)
+def test_bigbird_mask_is_window_global_plus_random_blocks(
+    n, window, num_global, num_random, block_size
+):
     m = bigbird_mask(n, window, num_global, num_random, block_size=block_size, seed=7)
-    assert torch.equal(m, naive_bigbird(n, window, num_global, num_random, block_size, 7))
+    assert torch.equal(
+        m, naive_bigbird(n, window, num_global, num_random, block_size, 7)
+    )
     base = naive_bigbird(n, window, num_global, 0, block_size, 7)
     assert torch.equal(m & base, base)  # contains window + global
 
@@ -85,7 +116,9 @@ def test_bigbird_random_keys_are_new_keys():
     # whose window lies inside the sequence keeps exactly (2w + 1 + g + r) keys
     n, w, g, r = 64, 2, 1, 3
     m = bigbird_mask(n, w, g, r, seed=0)
-    rows = m[g + w:n - w].sum(-1)  # rows whose window is whole and outside the global block
+    rows = m[g + w : n - w].sum(
+        -1
+    )  # rows whose window is whole and outside the global block
     assert (rows == 2 * w + 1 + g + r).all()
 
 
@@ -118,7 +151,10 @@ def test_local_global_layout_expands_to_the_element_pattern(n, w, b):
     # is global_tokens_mask on the blocks
     layout = local_global_layout(n, w, 1)
     assert torch.equal(layout, global_tokens_mask(n, w, [0]))
-    assert torch.equal(local_global_layout(n, w, 0, is_causal=True), sliding_window_mask(n, w, is_causal=True))
+    assert torch.equal(
+        local_global_layout(n, w, 0, is_causal=True),
+        sliding_window_mask(n, w, is_causal=True),
+    )
     elements = block_sparse_mask(layout, b)
     assert elements.shape == (n * b, n * b) and elements[0].all()
 
@@ -144,13 +180,19 @@ def test_global_index_out_of_range_is_rejected():
 
 
 def test_bigbird_counts_are_checked():
-    with pytest.raises(ValueError, match=r"num_random must be <= ceil\(n / block_size\)=4, got 5"):
+    with pytest.raises(
+        ValueError, match=r"num_random must be <= ceil\(n / block_size\)=4, got 5"
+    ):
         bigbird_mask(4, 1, 0, 5, seed=0)
-    with pytest.raises(ValueError, match=r"num_random must be <= ceil\(n / block_size\)=2, got 3"):
+    with pytest.raises(
+        ValueError, match=r"num_random must be <= ceil\(n / block_size\)=2, got 3"
+    ):
         bigbird_mask(4, 1, 0, 3, block_size=2, seed=0)
     with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
         bigbird_mask(4, 1, 0, 1, block_size=0, seed=0)
-    with pytest.raises(ValueError, match=r"num_global must be <= ceil\(n / block_size\)=4, got 5"):
+    with pytest.raises(
+        ValueError, match=r"num_global must be <= ceil\(n / block_size\)=4, got 5"
+    ):
         bigbird_mask(4, 1, 5, 0, seed=0)
     with pytest.raises(ValueError, match="either generator or seed"):
         bigbird_mask(4, 1, 0, 1, seed=0, generator=torch.Generator())
@@ -162,7 +204,9 @@ def test_block_size_must_be_positive():
 
 
 def test_block_layout_shape_must_match_length():
-    with pytest.raises(ValueError, match=r"layout has 2 query blocks but 9 query positions"):
+    with pytest.raises(
+        ValueError, match=r"layout has 2 query blocks but 9 query positions"
+    ):
         block_sparse_mask(torch.ones(2, 2, dtype=torch.bool), 4, 9)
 
 
@@ -176,8 +220,12 @@ def test_block_layout_must_be_boolean_2d():
 # --- window conventions: (left, right), rectangular, flash-attn, Hugging Face -------------
 
 
-@given(i=st.integers(0, 12), j=st.integers(0, 12), left=st.one_of(st.none(), st.integers(0, 14)),
-       right=st.one_of(st.none(), st.integers(0, 14)))
+@given(
+    i=st.integers(0, 12),
+    j=st.integers(0, 12),
+    left=st.one_of(st.none(), st.integers(0, 14)),
+    right=st.one_of(st.none(), st.integers(0, 14)),
+)
 def test_window_pair_is_flash_attn_window_size_bottom_right(i, j, left, right):
     # flash-attn: query a sits at position a + j - i; it sees keys in
     # [p - left, p + right], -1 (here None) meaning unbounded on that side
@@ -190,11 +238,15 @@ def test_window_pair_is_flash_attn_window_size_bottom_right(i, j, left, right):
 @pytest.mark.parametrize("w", [0, 1, 3, 9])
 def test_int_window_is_the_symmetric_pair(w):
     assert torch.equal(sliding_window_mask(11, w), sliding_window_mask(11, (w, w)))
-    assert torch.equal(sliding_window_mask(11, w, is_causal=True), sliding_window_mask(11, (w, 0)))
+    assert torch.equal(
+        sliding_window_mask(11, w, is_causal=True), sliding_window_mask(11, (w, 0))
+    )
 
 
 needs_transformers = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed",
+)
 
 
 @needs_transformers
@@ -218,12 +270,18 @@ def test_huge_sizes_are_clamped():
     assert sliding_window_mask(5, 10**30).all()
     assert sliding_window_mask(3, (10**30, None), j=5).all()
     assert torch.equal(dilated_mask(5, 10**18, 10**18), torch.eye(5, dtype=torch.bool))
-    assert block_sparse_mask(torch.ones(1, 1, dtype=torch.bool), 10**12, 5).shape == (5, 5)
+    assert block_sparse_mask(torch.ones(1, 1, dtype=torch.bool), 10**12, 5).shape == (
+        5,
+        5,
+    )
     assert global_tokens_mask(4, 10**20, []).all()
 
 
 def test_is_causal_needs_a_square_mask():
-    with pytest.raises(ValueError, match=r"is_causal=True needs as many queries as keys here, got i=2 and j=5; .* window=\(left, 0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"is_causal=True needs as many queries as keys here, got i=2 and j=5; .* window=\(left, 0\)",
+    ):
         sliding_window_mask(2, 1, j=5, is_causal=True)
 
 
@@ -240,18 +298,23 @@ def test_window_sides_must_be_non_negative_ints_or_none():
         sliding_window_mask(5, (1, 0.5))
 
 
-@pytest.mark.parametrize("builder", [
-    lambda flag: sliding_window_mask(4, 1, is_causal=flag),
-    lambda flag: dilated_mask(4, 1, 2, is_causal=flag),
-    lambda flag: local_global_layout(4, 1, 1, is_causal=flag),
-])
+@pytest.mark.parametrize(
+    "builder",
+    [
+        lambda flag: sliding_window_mask(4, 1, is_causal=flag),
+        lambda flag: dilated_mask(4, 1, 2, is_causal=flag),
+        lambda flag: local_global_layout(4, 1, 1, is_causal=flag),
+    ],
+)
 def test_bool_flags_must_be_bools(builder):
     with pytest.raises(TypeError, match="is_causal must be a bool"):
         builder("yes")
 
 
 def test_bigbird_generator_must_be_a_cpu_generator():
-    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+    with pytest.raises(
+        TypeError, match="generator must be a torch.Generator or None, got int"
+    ):
         bigbird_mask(4, 1, 0, 1, generator=3)
 
 
@@ -262,9 +325,13 @@ def test_sizes_must_be_ints(n):
 
 
 def test_global_idx_must_be_integer_positions():
-    with pytest.raises(ValueError, match="global_idx must be a 1-D sequence of integer positions"):
+    with pytest.raises(
+        ValueError, match="global_idx must be a 1-D sequence of integer positions"
+    ):
         global_tokens_mask(4, 1, [0.5])
-    with pytest.raises(TypeError, match="global_idx must be a 1-D sequence of integer positions"):
+    with pytest.raises(
+        TypeError, match="global_idx must be a 1-D sequence of integer positions"
+    ):
         global_tokens_mask(4, 1, 3)
 
 
@@ -273,13 +340,20 @@ def test_empty_patterns():
     assert sliding_window_mask(0, 2, j=3).shape == (0, 3)
     assert sliding_window_mask(3, 2, j=0).shape == (3, 0)
     assert local_global_layout(0, 1, 0).shape == (0, 0)
-    assert block_sparse_mask(torch.zeros(0, 2, dtype=torch.bool), 4, (0, 5)).shape == (0, 5)
+    assert block_sparse_mask(torch.zeros(0, 2, dtype=torch.bool), 4, (0, 5)).shape == (
+        0,
+        5,
+    )
 
 
 def test_device_is_honoured():
     meta = torch.device("meta")
-    for m in (sliding_window_mask(4, 1, device=meta), dilated_mask(4, 1, 2, device=meta),
-              global_tokens_mask(4, 1, [0], device=meta), local_global_layout(3, 1, 1, device=meta)):
+    for m in (
+        sliding_window_mask(4, 1, device=meta),
+        dilated_mask(4, 1, 2, device=meta),
+        global_tokens_mask(4, 1, [0], device=meta),
+        local_global_layout(3, 1, 1, device=meta),
+    ):
         assert m.device == meta
 
 
@@ -291,13 +365,17 @@ def test_bad_devices_are_refused():
 
 
 def test_masks_that_cannot_fit_are_refused_before_building():
-    with pytest.raises(ValueError, match=r"an \(1000000000000000000000000000000, 3\) mask does not fit"):
+    with pytest.raises(
+        ValueError, match=r"an \(1000000000000000000000000000000, 3\) mask does not fit"
+    ):
         sliding_window_mask(10**30, 1, j=3)
     with pytest.raises(ValueError, match="mask does not fit in memory"):
         block_sparse_mask(torch.ones(2, 2, dtype=torch.bool), 10**20)
 
 
 def test_bigbird_seed_must_fit_in_64_bits():
-    assert torch.equal(bigbird_mask(6, 1, 1, 2, seed=-1), bigbird_mask(6, 1, 1, 2, seed=-1))
+    assert torch.equal(
+        bigbird_mask(6, 1, 1, 2, seed=-1), bigbird_mask(6, 1, 1, 2, seed=-1)
+    )
     with pytest.raises(ValueError, match="seed must fit in 64 bits"):
         bigbird_mask(6, 1, 1, 2, seed=2**64)

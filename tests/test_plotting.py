@@ -58,28 +58,48 @@ def test_plot_attention_labels_axes_and_adds_a_colour_bar():
 
 
 def test_plot_attention_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"must be a 2-D \(i, j\) matrix, got shape \(2, 3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"must be a 2-D \(i, j\) matrix, got shape \(2, 3, 4\)"
+    ):
         plot_attention(torch.zeros(2, 3, 4))
-    with pytest.raises(ValueError, match="query_labels must have one label per position: 3 positions, got 2"):
+    with pytest.raises(
+        ValueError,
+        match="query_labels must have one label per position: 3 positions, got 2",
+    ):
         plot_attention(torch.zeros(3, 3), ["a", "b"])
-    with pytest.raises(TypeError, match="weights must be a tensor or an array of numbers, got NoneType"):
+    with pytest.raises(
+        TypeError, match="weights must be a tensor or an array of numbers, got NoneType"
+    ):
         plot_attention(None)
-    with pytest.raises(TypeError, match="mask must be a tensor or an array of numbers, got NoneType"):
+    with pytest.raises(
+        TypeError, match="mask must be a tensor or an array of numbers, got NoneType"
+    ):
         plot_mask(None)
     with pytest.raises(ValueError, match="meta tensor: it has a shape but no values"):
         plot_attention(torch.zeros(3, 3, device="meta"))
-    with pytest.raises(TypeError, match="query_labels must be a sequence of strings, one per position, got Tensor"):
-        plot_attention(torch.zeros(3, 3), torch.ones(3, 3, dtype=torch.bool))  # a mask in the labels' place
+    with pytest.raises(
+        TypeError,
+        match="query_labels must be a sequence of strings, one per position, got Tensor",
+    ):
+        plot_attention(
+            torch.zeros(3, 3), torch.ones(3, 3, dtype=torch.bool)
+        )  # a mask in the labels' place
     with pytest.raises(TypeError, match="key_labels must be a sequence of strings"):
         plot_attention(torch.zeros(3, 3), key_labels="abc")
-    with pytest.raises(TypeError, match="weights must be a tensor or an array of numbers, got str"):
+    with pytest.raises(
+        TypeError, match="weights must be a tensor or an array of numbers, got str"
+    ):
         plot_attention("weights")
 
 
 @pytest.mark.parametrize("n", [2, 8, 64, 300])
 def test_figure_sizes_are_capped_whatever_the_matrix_size(n):
-    for fig in (plot_attention(torch.rand(n, n)).figure, plot_mask(causal_mask(n)).figure,
-                plot_grid([torch.rand(n, n)] * 3), plot_heads(torch.rand(7, n, n))):
+    for fig in (
+        plot_attention(torch.rand(n, n)).figure,
+        plot_mask(causal_mask(n)).figure,
+        plot_grid([torch.rand(n, n)] * 3),
+        plot_heads(torch.rand(7, n, n)),
+    ):
         w, h = fig.get_size_inches()
         assert w <= MAX_FIGURE_WIDTH + 1e-9 and h <= 11.0, (n, w, h)
     small_w, small_h = plot_attention(torch.rand(2, 2)).figure.get_size_inches()
@@ -116,8 +136,12 @@ def test_panels_of_a_grid_line_up_row_for_row():
     fig = plot_grid([causal_mask(8), decoding_mask(3, 5), causal_mask(3, 8)], mask=True)
     fig.draw_without_rendering()
     axes = heatmaps(fig)
-    cell_heights = [ax.get_window_extent().height / ax.images[0].get_array().shape[0] for ax in axes]
-    cell_widths = [ax.get_window_extent().width / ax.images[0].get_array().shape[1] for ax in axes]
+    cell_heights = [
+        ax.get_window_extent().height / ax.images[0].get_array().shape[0] for ax in axes
+    ]
+    cell_widths = [
+        ax.get_window_extent().width / ax.images[0].get_array().shape[1] for ax in axes
+    ]
     assert max(cell_heights) - min(cell_heights) < 0.5  # pixels
     assert max(cell_widths) - min(cell_widths) < 0.5
     assert max(cell_heights) - min(cell_widths) < 0.5  # square cells, not stretched
@@ -130,7 +154,10 @@ def test_ticks_are_thinned_beyond_sixteen_rows():
     assert 3 <= len(tick_values(ax.yaxis)) <= MAX_TICKS
     labels = [f"t{k}" for k in range(40)]
     ax = plot_attention(torch.rand(40, 40), labels, labels)
-    assert len(ax.get_xticklabels()) <= MAX_TICKS and ax.get_xticklabels()[0].get_text() == "t0"
+    assert (
+        len(ax.get_xticklabels()) <= MAX_TICKS
+        and ax.get_xticklabels()[0].get_text() == "t0"
+    )
     ax = plot_attention(torch.rand(16, 16))
     assert tick_values(ax.xaxis) == list(range(16))
 
@@ -162,7 +189,14 @@ def test_annotations_only_on_small_matrices_in_a_font_sized_to_the_cell():
 def test_key_labels_rotate_only_when_they_would_overlap():
     short = plot_attention(torch.rand(3, 3), ["a", "b", "c"], ["a", "b", "c"])
     assert all(t.get_rotation() == 0 for t in short.get_xticklabels())
-    words = ["attention", "mechanism", "everywhere", "sometimes", "elsewhere", "whatever"] * 2
+    words = [
+        "attention",
+        "mechanism",
+        "everywhere",
+        "sometimes",
+        "elsewhere",
+        "whatever",
+    ] * 2
     long = plot_attention(torch.rand(12, 12), words, words)
     assert all(t.get_rotation() == 45 for t in long.get_xticklabels())
 
@@ -174,11 +208,17 @@ def test_plot_heads_draws_one_panel_per_head_with_one_colour_bar():
     assert fig._suptitle.get_text() == "Attention weights per head"
     with pytest.raises(ValueError, match=r"must be \(h, i, j\)"):
         plot_heads(torch.rand(3, 3))
-    with pytest.raises(ValueError, match="head_names must have one name per head: 5 heads, got 2 names"):
+    with pytest.raises(
+        ValueError, match="head_names must have one name per head: 5 heads, got 2 names"
+    ):
         plot_heads(torch.rand(5, 3, 3), head_names=["a", "b"])
-    with pytest.raises(TypeError, match="head_names must be a sequence of strings, got str"):
+    with pytest.raises(
+        TypeError, match="head_names must be a sequence of strings, got str"
+    ):
         plot_heads(torch.rand(5, 3, 3), head_names="abcde")
-    with pytest.raises(TypeError, match="weights must be a tensor or an array of numbers, got NoneType"):
+    with pytest.raises(
+        TypeError, match="weights must be a tensor or an array of numbers, got NoneType"
+    ):
         plot_heads(None)
 
 
@@ -213,7 +253,10 @@ def test_a_full_width_figure_stays_within_the_column_once_cropped():
     push a 7.5 in figure past the column."""
     from IPython.core.pylabtools import print_figure
 
-    for fig in (plot_heads(torch.rand(6, 7, 7)), plot_grid([causal_mask(8)] * 3, mask=True),
-                plt.subplots(1, 2, figsize=(MAX_FIGURE_WIDTH, 3), constrained_layout=True)[0]):
+    for fig in (
+        plot_heads(torch.rand(6, 7, 7)),
+        plot_grid([causal_mask(8)] * 3, mask=True),
+        plt.subplots(1, 2, figsize=(MAX_FIGURE_WIDTH, 3), constrained_layout=True)[0],
+    ):
         png = print_figure(fig, "png", bbox_inches="tight", base64=False)
         assert struct.unpack(">I", png[16:20])[0] <= COLUMN_CSS_PX

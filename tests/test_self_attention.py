@@ -23,7 +23,11 @@ def manual(module, x, mask=None):
     wq, wk, wv = module.w_query.weight, module.w_key.weight, module.w_value.weight
     q, k, v = x @ wq.T, x @ wk.T, x @ wv.T
     if module.w_query.bias is not None:
-        q, k, v = q + module.w_query.bias, k + module.w_key.bias, v + module.w_value.bias
+        q, k, v = (
+            q + module.w_query.bias,
+            k + module.w_key.bias,
+            v + module.w_value.bias,
+        )
     scores = q @ k.transpose(-2, -1) / math.sqrt(wq.shape[0])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -113,8 +117,9 @@ def test_padding_mask_blocks_padded_keys():
     x2 = x.clone()
     x2[0, 3:] = 100.0
     torch.testing.assert_close(attn(x2, attn_mask=mask)[0][0, :3], out[0, :3])
-    ref = F.scaled_dot_product_attention(attn.w_query(x), attn.w_key(x), attn.w_value(x),
-                                         attn_mask=mask)
+    ref = F.scaled_dot_product_attention(
+        attn.w_query(x), attn.w_key(x), attn.w_value(x), attn_mask=mask
+    )
     torch.testing.assert_close(out, ref)
 
 
@@ -145,18 +150,26 @@ def test_gradients_flow_to_all_projections():
 def test_parameter_names_and_shapes():
     attn = SelfAttention(16, 24, 28)
     shapes = {name: tuple(p.shape) for name, p in attn.named_parameters()}
-    assert shapes == {"w_query.weight": (24, 16), "w_key.weight": (24, 16),
-                      "w_value.weight": (28, 16)}
+    assert shapes == {
+        "w_query.weight": (24, 16),
+        "w_key.weight": (24, 16),
+        "w_value.weight": (28, 16),
+    }
     assert len(list(SelfAttention(4, 3, 2, bias=True).parameters())) == 6
 
 
 def test_wrong_feature_size():
-    with pytest.raises(ValueError, match="x must have d_in=16 features in its last dimension, got 24"):
+    with pytest.raises(
+        ValueError, match="x must have d_in=16 features in its last dimension, got 24"
+    ):
         make()(torch.randn(6, 24, dtype=DT))
 
 
 def test_wrong_dtype():
-    with pytest.raises(TypeError, match=r"x must have the dtype of the module\'s parameters \(torch.float64\), got torch.float32"):
+    with pytest.raises(
+        TypeError,
+        match=r"x must have the dtype of the module\'s parameters \(torch.float64\), got torch.float32",
+    ):
         make()(torch.randn(6, 16))
 
 
@@ -177,7 +190,9 @@ def test_mask_and_causal_together():
 
 def test_bad_mask_shape():
     with pytest.raises(ValueError, match="does not broadcast"):
-        make()(torch.randn(6, 16, dtype=DT), attn_mask=torch.ones(5, 5, dtype=torch.bool))
+        make()(
+            torch.randn(6, 16, dtype=DT), attn_mask=torch.ones(5, 5, dtype=torch.bool)
+        )
 
 
 @pytest.mark.parametrize("arg", ["d_in", "d_out_kq", "d_out_v"])
@@ -202,8 +217,11 @@ def test_always_returns_output_and_weights_or_none():
     [
         ({"need_weights": "no"}, TypeError, "need_weights must be a bool"),
         ({"is_causal": "yes"}, TypeError, "is_causal must be a bool"),
-        ({"attn_mask": causal_mask(6, device="meta")}, ValueError,
-         "query and attn_mask must be on the same device|x and attn_mask"),
+        (
+            {"attn_mask": causal_mask(6, device="meta")},
+            ValueError,
+            "query and attn_mask must be on the same device|x and attn_mask",
+        ),
     ],
 )
 def test_bad_flags_and_mask_device(kwargs, exc, match):

@@ -46,17 +46,23 @@ def test_reversal_batch_bad_arguments():
 
 def test_encoder_decoder_masks():
     enc, dec, cross = encoder_decoder_masks([3, 5], [2, 4], 5, 4)
-    assert enc.shape == (2, 1, 5) and dec.shape == (2, 4, 4) and cross.shape == (2, 1, 5)
+    assert (
+        enc.shape == (2, 1, 5) and dec.shape == (2, 4, 4) and cross.shape == (2, 1, 5)
+    )
     assert enc[0, 0].tolist() == [True] * 3 + [False] * 2
     assert enc[1].all()
     assert torch.equal(cross, enc)
     assert torch.equal(dec[1], causal_mask(4))
-    assert torch.equal(dec[0], causal_mask(4) & torch.tensor([True, True, False, False]))
+    assert torch.equal(
+        dec[0], causal_mask(4) & torch.tensor([True, True, False, False])
+    )
     assert dec.any(-1).all()  # no fully masked row
 
 
 def test_encoder_decoder_masks_errors():
-    with pytest.raises(ValueError, match="one entry per sequence of the batch, got 2 and 3"):
+    with pytest.raises(
+        ValueError, match="one entry per sequence of the batch, got 2 and 3"
+    ):
         encoder_decoder_masks([1, 2], [1, 2, 3], 3, 3)
     with pytest.raises(ValueError, match="at least one real token"):
         encoder_decoder_masks([0, 2], [1, 2], 3, 3)
@@ -67,7 +73,9 @@ def test_model_shapes_and_masks():
     model = TinySeq2Seq(vocab_size=9, max_len=8, d_model=16)
     src = torch.randint(FIRST_SYMBOL, 9, (2, 8))
     tgt_in = torch.randint(1, 9, (2, 5))
-    logits, w = model(src, tgt_in, src_lengths=[6, 8], tgt_lengths=[5, 3], need_weights=True)
+    logits, w = model(
+        src, tgt_in, src_lengths=[6, 8], tgt_lengths=[5, 3], need_weights=True
+    )
     assert logits.shape == (2, 5, 9) and w.shape == (2, 5, 8)
     assert (w[0, :, 6:] == 0).all()
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 5))
@@ -91,9 +99,13 @@ def test_model_errors():
         model(torch.full((1, 4), 9), torch.full((1, 3), 2))
     with pytest.raises(ValueError, match="same batch size, got 1 and 2"):
         model(torch.full((1, 4), 2), torch.full((2, 3), 2))
-    with pytest.raises(TypeError, match="src must have dtype torch.int64, got torch.float32"):
+    with pytest.raises(
+        TypeError, match="src must have dtype torch.int64, got torch.float32"
+    ):
         model(torch.full((1, 4), 2.0), torch.full((1, 3), 2))
-    with pytest.raises(ValueError, match=r"tgt_in must be a \(b, n\) tensor of token ids"):
+    with pytest.raises(
+        ValueError, match=r"tgt_in must be a \(b, n\) tensor of token ids"
+    ):
         model(torch.full((1, 4), 2), torch.full((3,), 2))
     with pytest.raises(TypeError, match="need_weights must be a bool"):
         model(torch.full((1, 4), 2), torch.full((1, 3), 2), need_weights="no")
@@ -190,7 +202,12 @@ def test_lookup_training_and_errors():
     assert len(losses) == 30 and losses[-1] < losses[0]
     with pytest.raises(ValueError, match="task must be 'reversal' or 'lookup'"):
         train_seq2seq(model, 1, task="sorting")
-    with pytest.raises(ValueError, match=r"length must be <= 3 \(model.max_len=6 source positions\), got 4"):
+    with pytest.raises(
+        ValueError,
+        match=r"length must be <= 3 \(model.max_len=6 source positions\), got 4",
+    ):
         train_seq2seq(model, 1, task="lookup", length=4)
-    with pytest.raises(ValueError, match="the lookup task needs a vocabulary of more than"):
+    with pytest.raises(
+        ValueError, match="the lookup task needs a vocabulary of more than"
+    ):
         train_seq2seq(TinySeq2Seq(vocab_size=5, max_len=6, d_model=8), 1, task="lookup")

@@ -1,6 +1,5 @@
 """Tests for learned attention sinks (gpt-oss) and the StreamingLLM cache."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,18 +39,26 @@ def test_equals_gpt_oss_eager_attention(h_kv, masked):
     additive = None
     if masked:  # gpt-oss passes an additive causal mask of shape (b, 1, i, j)
         additive = torch.zeros(6, 6, dtype=D64).masked_fill(
-            ~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))[None, None]
-    ref, ref_w = eager_attention_forward(_GptOssStub(sinks, 4 // h_kv), q, k, v, additive,
-                                         scaling=0.3)
+            ~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf")
+        )[None, None]
+    ref, ref_w = eager_attention_forward(
+        _GptOssStub(sinks, 4 // h_kv), q, k, v, additive, scaling=0.3
+    )
     kwargs = dict(is_causal=masked, scale=0.3, enable_gqa=h_kv != 4)
     out = attention_with_sinks(q, k, v, sinks, **kwargs)
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=1e-12, rtol=0)
-    torch.testing.assert_close(sink_attention_weights(q, k, sinks, **kwargs), ref_w,
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        sink_attention_weights(q, k, sinks, **kwargs), ref_w, atol=1e-12, rtol=0
+    )
     if masked:  # the same mask given as a float mask or a boolean one
         torch.testing.assert_close(
-            attention_with_sinks(q, k, v, sinks, attn_mask=additive, scale=0.3,
-                                 enable_gqa=h_kv != 4), out, atol=1e-12, rtol=0)
+            attention_with_sinks(
+                q, k, v, sinks, attn_mask=additive, scale=0.3, enable_gqa=h_kv != 4
+            ),
+            out,
+            atol=1e-12,
+            rtol=0,
+        )
 
 
 def test_gradients_equal_gpt_oss():
@@ -86,23 +93,34 @@ def test_sink_is_a_sigmoid_gate_on_the_plain_weights():
     sinks = torch.tensor([-1.0, 0.0, 2.0], dtype=D64)
     scores = q @ k.transpose(-2, -1) / 6**0.5
     gate = torch.sigmoid(scores.logsumexp(-1, keepdim=True) - sinks[:, None, None])
-    torch.testing.assert_close(sink_attention_weights(q, k, sinks), scores.softmax(-1) * gate,
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        sink_attention_weights(q, k, sinks),
+        scores.softmax(-1) * gate,
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_row_without_visible_key_gives_zero_output():
     q, k, v = _qkv(h=2, h_kv=2)
     mask = torch.ones(5, 7, dtype=torch.bool)
     mask[2] = False
-    for sinks in (torch.zeros(2, dtype=D64), torch.full((2,), float("-inf"), dtype=D64)):
+    for sinks in (
+        torch.zeros(2, dtype=D64),
+        torch.full((2,), float("-inf"), dtype=D64),
+    ):
         out = attention_with_sinks(q, k, v, sinks, attn_mask=mask)
-        assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))  # exact by construction
+        assert torch.equal(
+            out[:, :, 2], torch.zeros_like(out[:, :, 2])
+        )  # exact by construction
         assert out.isfinite().all()
 
 
 def test_bad_sinks():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=r"sinks must have shape \(h,\) = \(4,\).*got \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"sinks must have shape \(h,\) = \(4,\).*got \(2,\)"
+    ):
         attention_with_sinks(q, k, v, torch.zeros(2, dtype=D64), enable_gqa=True)
     with pytest.raises(ValueError, match=r"sinks must have shape \(h,\).*got \(1, 4\)"):
         attention_with_sinks(q, k, v, torch.zeros(1, 4, dtype=D64), enable_gqa=True)
@@ -115,7 +133,9 @@ def test_bad_sinks():
     with pytest.raises(TypeError, match="enable_gqa must be a bool"):
         attention_with_sinks(q, k, v, torch.zeros(4, dtype=D64), enable_gqa="yes")
     with pytest.raises(ValueError, match="must be on the same device"):
-        attention_with_sinks(q, k, v, torch.zeros(4, dtype=D64, device="meta"), enable_gqa=True)
+        attention_with_sinks(
+            q, k, v, torch.zeros(4, dtype=D64, device="meta"), enable_gqa=True
+        )
 
 
 # ------------------------------------------------------------------ StreamingLLM
@@ -123,30 +143,49 @@ def test_bad_sinks():
 
 def test_streaming_mask_formula():
     for n, s, w in [(9, 2, 3), (6, 0, 2), (5, 7, 1), (4, 1, 10)]:
-        ref = torch.tensor([[k <= q and (k < s or q - k < w) for k in range(n)]
-                            for q in range(n)])
+        ref = torch.tensor(
+            [[k <= q and (k < s or q - k < w) for k in range(n)] for q in range(n)]
+        )
         assert torch.equal(streaming_mask(n, s, w), ref)
 
 
-@pytest.mark.parametrize(("num_sink", "window", "chunks"),
-                         [(2, 3, [1] * 12), (1, 4, [5, 1, 1, 3, 2]), (0, 3, [4, 1, 1, 4]),
-                          (4, 2, [2, 3, 1, 6])])
+@pytest.mark.parametrize(
+    ("num_sink", "window", "chunks"),
+    [
+        (2, 3, [1] * 12),
+        (1, 4, [5, 1, 1, 3, 2]),
+        (0, 3, [4, 1, 1, 4]),
+        (4, 2, [2, 3, 1, 6]),
+    ],
+)
 def test_decoding_through_the_cache_equals_the_dense_mask(num_sink, window, chunks):
     n = sum(chunks)
     q, k, v = _qkv(b=2, h=4, h_kv=2, i=n, j=n, d=4, e=4, seed=3)
     cache = StreamingKVCache(2, num_sink, window, num_kv_heads=2, head_dim=4, dtype=D64)
     outs, start = [], 0
     for c in chunks:
-        keys, values, mask = cache.update(k[:, :, start:start + c], v[:, :, start:start + c])
+        keys, values, mask = cache.update(
+            k[:, :, start : start + c], v[:, :, start : start + c]
+        )
         assert keys.shape[2] <= num_sink + window + c
-        outs.append(F.scaled_dot_product_attention(q[:, :, start:start + c], keys, values,
-                                                   attn_mask=mask, enable_gqa=True))
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, start : start + c],
+                keys,
+                values,
+                attn_mask=mask,
+                enable_gqa=True,
+            )
+        )
         start += c
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=streaming_mask(n, num_sink, window),
-                                         enable_gqa=True)
+    ref = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=streaming_mask(n, num_sink, window), enable_gqa=True
+    )
     torch.testing.assert_close(torch.cat(outs, dim=2), ref, atol=1e-12, rtol=0)
     kept = sorted(cache.positions.tolist())
-    assert kept == sorted(set(range(min(num_sink, n))) | set(range(max(n - window, 0), n)))
+    assert kept == sorted(
+        set(range(min(num_sink, n))) | set(range(max(n - window, 0), n))
+    )
     assert cache.nbytes == 2 * 2 * 2 * (num_sink + window) * 4 * 8  # constant
 
 
@@ -158,8 +197,12 @@ def test_streaming_with_learned_sinks_and_reset():
         cache.reset()
         outs = []
         for t in range(8):
-            keys, values, mask = cache.update(k[:, :, t:t + 1], v[:, :, t:t + 1])
-            outs.append(attention_with_sinks(q[:, :, t:t + 1], keys, values, sinks, attn_mask=mask))
+            keys, values, mask = cache.update(k[:, :, t : t + 1], v[:, :, t : t + 1])
+            outs.append(
+                attention_with_sinks(
+                    q[:, :, t : t + 1], keys, values, sinks, attn_mask=mask
+                )
+            )
         ref = attention_with_sinks(q, k, v, sinks, attn_mask=streaming_mask(8, 1, 3))
         torch.testing.assert_close(torch.cat(outs, dim=2), ref, atol=1e-12, rtol=0)
 
@@ -175,6 +218,8 @@ def test_streaming_bad_arguments():
     with pytest.raises(ValueError, match=r"must have shape \(b, h_kv, n, d\)"):
         cache.update(torch.ones(2, 1, 3), torch.ones(2, 1, 3))
     with pytest.raises(TypeError, match="the cache stores torch.float32"):
-        cache.update(torch.ones(1, 2, 1, 3, dtype=D64), torch.ones(1, 2, 1, 3, dtype=D64))
+        cache.update(
+            torch.ones(1, 2, 1, 3, dtype=D64), torch.ones(1, 2, 1, 3, dtype=D64)
+        )
     with pytest.raises(ValueError, match="key and value must have the same shape"):
         cache.update(torch.ones(1, 2, 1, 3), torch.ones(1, 2, 2, 3))

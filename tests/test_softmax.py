@@ -8,7 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import entropy, log_softmax, logsumexp, softmax
-from attention.foundations.softmax import softmax_jacobian, three_pass_softmax, two_pass_softmax
+from attention.foundations.softmax import (
+    softmax_jacobian,
+    three_pass_softmax,
+    two_pass_softmax,
+)
 
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
 rows = st.lists(finite, min_size=1, max_size=12)
@@ -17,14 +21,19 @@ rows = st.lists(finite, min_size=1, max_size=12)
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_matches_torch(dim, dtype):
-    x = torch.randn(4, 5, 6, dtype=dtype, generator=torch.Generator().manual_seed(0)) * 10
+    x = (
+        torch.randn(4, 5, 6, dtype=dtype, generator=torch.Generator().manual_seed(0))
+        * 10
+    )
     torch.testing.assert_close(softmax(x, dim=dim), torch.softmax(x, dim=dim))
     torch.testing.assert_close(log_softmax(x, dim=dim), torch.log_softmax(x, dim=dim))
     torch.testing.assert_close(logsumexp(x, dim=dim), torch.logsumexp(x, dim=dim))
 
 
 def test_three_pass_keeps_its_former_name():
-    assert two_pass_softmax is three_pass_softmax  # the former name, still used by chapter 13
+    assert (
+        two_pass_softmax is three_pass_softmax
+    )  # the former name, still used by chapter 14
 
 
 def test_three_pass_matches_softmax():
@@ -101,8 +110,16 @@ def test_entropy_limits():
     "call, exc, match",
     [
         (lambda: softmax([1.0, 2.0]), TypeError, "x must be a torch.Tensor, got list"),
-        (lambda: softmax(torch.tensor([1, 2])), TypeError, "floating-point dtype, got torch.int64"),
-        (lambda: softmax_jacobian(torch.tensor(1.0)), ValueError, "at least 1 dimensions"),
+        (
+            lambda: softmax(torch.tensor([1, 2])),
+            TypeError,
+            "floating-point dtype, got torch.int64",
+        ),
+        (
+            lambda: softmax_jacobian(torch.tensor(1.0)),
+            ValueError,
+            "at least 1 dimensions",
+        ),
     ],
 )
 def test_bad_input(call, exc, match):
@@ -116,22 +133,30 @@ INF, NAN = float("inf"), float("nan")
 
 
 @pytest.mark.parametrize(
-    "row", [[INF, 1.0], [INF, INF], [-INF, -INF], [NAN, 1.0], [-INF, 1.0], [-INF, INF], []]
+    "row",
+    [[INF, 1.0], [INF, INF], [-INF, -INF], [NAN, 1.0], [-INF, 1.0], [-INF, INF], []],
 )
 def test_inf_nan_and_empty_rows_as_torch(row):
     x = torch.tensor(row, dtype=torch.float64).reshape(1, len(row))
-    for ours, theirs in ((softmax, torch.softmax), (log_softmax, torch.log_softmax),
-                         (logsumexp, torch.logsumexp)):
+    for ours, theirs in (
+        (softmax, torch.softmax),
+        (log_softmax, torch.log_softmax),
+        (logsumexp, torch.logsumexp),
+    ):
         torch.testing.assert_close(ours(x, dim=-1), theirs(x, dim=-1), equal_nan=True)
 
 
 def test_entropy_propagates_nan_and_handles_empty_and_zero():
     assert entropy(torch.tensor([NAN, 0.5])).isnan()
     assert entropy(torch.zeros(2, 0)).tolist() == [0.0, 0.0]
-    assert entropy(torch.tensor([[0.0, 1.0], [0.5, 0.5]], dtype=torch.float64))[0] == 0.0
+    assert (
+        entropy(torch.tensor([[0.0, 1.0], [0.5, 0.5]], dtype=torch.float64))[0] == 0.0
+    )
     torch.testing.assert_close(
         entropy(torch.tensor([0.2, 0.8], dtype=torch.float64)),
-        torch.distributions.Categorical(probs=torch.tensor([0.2, 0.8], dtype=torch.float64)).entropy(),
+        torch.distributions.Categorical(
+            probs=torch.tensor([0.2, 0.8], dtype=torch.float64)
+        ).entropy(),
     )
 
 
@@ -143,11 +168,27 @@ def test_softmax_jacobian_and_two_pass_of_empty_rows():
 @pytest.mark.parametrize(
     "call, exc, match",
     [
-        (lambda: softmax(torch.zeros(2, 3), dim=2), ValueError, r"dim must lie in \[-2, 1\]"),
+        (
+            lambda: softmax(torch.zeros(2, 3), dim=2),
+            ValueError,
+            r"dim must lie in \[-2, 1\]",
+        ),
         (lambda: softmax(torch.zeros(2, 3), dim=1.0), TypeError, "dim must be an int"),
-        (lambda: entropy(torch.zeros(2, 3), dim=-3), ValueError, r"dim must lie in \[-2, 1\]"),
-        (lambda: logsumexp(torch.zeros(2, 3), keepdim="yes"), TypeError, "keepdim must be a bool"),
-        (lambda: three_pass_softmax(torch.tensor(1.0)), ValueError, "at least 1 dimensions"),
+        (
+            lambda: entropy(torch.zeros(2, 3), dim=-3),
+            ValueError,
+            r"dim must lie in \[-2, 1\]",
+        ),
+        (
+            lambda: logsumexp(torch.zeros(2, 3), keepdim="yes"),
+            TypeError,
+            "keepdim must be a bool",
+        ),
+        (
+            lambda: three_pass_softmax(torch.tensor(1.0)),
+            ValueError,
+            "at least 1 dimensions",
+        ),
     ],
 )
 def test_bad_dim_and_flags(call, exc, match):

@@ -72,8 +72,12 @@ def test_sliding_window_any_block_size_gives_the_same_result(block_size):
 
 def test_sliding_window_in_small_steps_gives_the_same_result():
     q, k, v = qkv(45, batch=(1,))
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(45, (4, 0)))
-    out = sparse_module._sliding_window(q, k, v, None, 8**-0.5, 4, 0, 4, chunk_elements=1)
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=sliding_window_mask(45, (4, 0))
+    )
+    out = sparse_module._sliding_window(
+        q, k, v, None, 8**-0.5, 4, 0, 4, chunk_elements=1
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
@@ -84,7 +88,9 @@ def test_sliding_window_pairs_and_rectangles_equal_dense(i, j, window):
     q, k, v = qkv(i, j=j, batch=(2,), seed=i * j)
     mask = sliding_window_mask(i, window, j=j)
     out = sliding_window_attention(q, k, v, window=window, block_size=3)
-    assert_same_with_grads(out, scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v))
+    assert_same_with_grads(
+        out, scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v)
+    )
 
 
 def test_sliding_window_decoding_step_is_the_last_row():
@@ -99,7 +105,9 @@ def test_sliding_window_matches_torch_and_scale():
     q, k, v = qkv(33, batch=(1, 2))
     mask = sliding_window_mask(33, 5)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
-    torch.testing.assert_close(sliding_window_attention(q, k, v, window=5, scale=0.3), ref)
+    torch.testing.assert_close(
+        sliding_window_attention(q, k, v, window=5, scale=0.3), ref
+    )
 
 
 @pytest.mark.parametrize("float_mask", [False, True])
@@ -121,36 +129,52 @@ def test_sliding_window_with_attn_mask(float_mask):
 def test_sliding_window_grouped_query_attention():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 6, 30, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64, requires_grad=True)
-            for _ in range(2))
+    k, v = (
+        torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
     out = sliding_window_attention(q, k, v, window=(6, 1), enable_gqa=True)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(30, (6, 1)),
-                                         enable_gqa=True)
+    ref = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=sliding_window_mask(30, (6, 1)), enable_gqa=True
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
 def test_sliding_window_broadcasts_batch_dims_and_handles_empty():
     q, k, v = qkv(10, batch=(2, 3))
     out = sliding_window_attention(q, k[:1], v[:1], window=2)
-    ref = scaled_dot_product_attention(q, k[:1], v[:1], attn_mask=sliding_window_mask(10, 2))
+    ref = scaled_dot_product_attention(
+        q, k[:1], v[:1], attn_mask=sliding_window_mask(10, 2)
+    )
     torch.testing.assert_close(out, ref)
 
 
-@given(i=st.integers(1, 40), j=st.integers(1, 40), left=st.one_of(st.none(), st.integers(0, 45)),
-       right=st.one_of(st.none(), st.integers(0, 45)), block=st.integers(1, 20))
+@given(
+    i=st.integers(1, 40),
+    j=st.integers(1, 40),
+    left=st.one_of(st.none(), st.integers(0, 45)),
+    right=st.one_of(st.none(), st.integers(0, 45)),
+    block=st.integers(1, 20),
+)
 def test_sliding_window_property(i, j, left, right, block):
     g = torch.Generator().manual_seed(i * 41 + j)
     q = torch.randn(i, 4, generator=g, dtype=torch.float64)
     k, v = (torch.randn(j, 4, generator=g, dtype=torch.float64) for _ in range(2))
     out = sliding_window_attention(q, k, v, window=(left, right), block_size=block)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(i, (left, right), j=j))
+    ref = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=sliding_window_mask(i, (left, right), j=j)
+    )
     torch.testing.assert_close(out, ref)
 
 
 def test_sliding_window_float32_matches_torch():
     q, k, v = (torch.randn(1, 2, 300, 16) for _ in range(3))
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(300, 20))
-    torch.testing.assert_close(sliding_window_attention(q, k, v, window=20), ref, atol=1e-5, rtol=1e-4)
+    ref = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=sliding_window_mask(300, 20)
+    )
+    torch.testing.assert_close(
+        sliding_window_attention(q, k, v, window=20), ref, atol=1e-5, rtol=1e-4
+    )
 
 
 # --- block sparse ------------------------------------------------------------------------
@@ -163,7 +187,9 @@ def test_block_sparse_equals_dense_with_mask(n, block_size):
     layout = random_layout(nb, nb, n * block_size)
     q, k, v = qkv(n, seed=n)
     out = block_sparse_attention(q, k, v, layout=layout, block_size=block_size)
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout, block_size, n))
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=block_sparse_mask(layout, block_size, n)
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
@@ -173,7 +199,9 @@ def test_block_sparse_local_global_layout(is_causal):
     layout = local_global_layout(-(-n // B), 1, 1, is_causal=is_causal)
     q, k, v = qkv(n, batch=(1, 2))
     out = block_sparse_attention(q, k, v, layout=layout, block_size=B)
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout, B, n))
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=block_sparse_mask(layout, B, n)
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
@@ -184,7 +212,9 @@ def test_block_sparse_is_causal_is_top_left_like_torch(i, j):
     q, k, v = qkv(i, j=j, batch=(2,))
     out = block_sparse_attention(q, k, v, layout=layout, block_size=B, is_causal=True)
     mask = block_sparse_mask(layout, B, (i, j)) & causal(i, j)
-    assert_same_with_grads(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v))
+    assert_same_with_grads(
+        out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v)
+    )
 
 
 @pytest.mark.parametrize("float_mask", [False, True])
@@ -208,12 +238,15 @@ def test_block_sparse_with_attn_mask(float_mask):
 def test_block_sparse_grouped_query_attention():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, 40, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(1, 2, 40, 4, generator=g, dtype=torch.float64, requires_grad=True)
-            for _ in range(2))
+    k, v = (
+        torch.randn(1, 2, 40, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
     layout = local_global_layout(5, 1, 1)
     out = block_sparse_attention(q, k, v, layout=layout, block_size=8, enable_gqa=True)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout, 8, 40),
-                                         enable_gqa=True)
+    ref = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=block_sparse_mask(layout, 8, 40), enable_gqa=True
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
@@ -221,16 +254,21 @@ def test_block_sparse_rectangular_and_scale():
     q, k, v = qkv(20, j=45, batch=(2,))
     layout = random_layout(3, 6, 1, p=0.6)
     out = block_sparse_attention(q, k, v, layout=layout, block_size=8, scale=0.2)
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout, 8, (20, 45)), scale=0.2)
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=block_sparse_mask(layout, 8, (20, 45)), scale=0.2
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
 def test_block_sparse_in_small_steps_gives_the_same_result():
     q, k, v = qkv(50, batch=(1,))
     layout = local_global_layout(7, 1, 1)
-    out = sparse_module._block_sparse_gather(q, k, v, None, True, 0.3, layout, 8, chunk_elements=1)
+    out = sparse_module._block_sparse_gather(
+        q, k, v, None, True, 0.3, layout, 8, chunk_elements=1
+    )
     ref = scaled_dot_product_attention(
-        q, k, v, attn_mask=block_sparse_mask(layout, 8, 50) & causal(50, 50), scale=0.3)
+        q, k, v, attn_mask=block_sparse_mask(layout, 8, 50) & causal(50, 50), scale=0.3
+    )
     assert_same_with_grads(out, ref, (q, k, v))
 
 
@@ -241,23 +279,39 @@ def test_block_sparse_fully_masked_rows_are_zero_like_the_reference():
     layout[3] = False  # and the partial last block
     q, k, v = qkv(n, batch=(2,))
     out = block_sparse_attention(q, k, v, layout=layout, block_size=B)
-    ref = scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout, B, n))
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=block_sparse_mask(layout, B, n)
+    )
     assert (out[..., 8:16, :] == 0).all() and (out[..., 24:, :] == 0).all()
     assert_same_with_grads(out, ref, (q, k, v))
     empty = torch.zeros(4, 4, dtype=torch.bool)
     assert (block_sparse_attention(q, k, v, layout=empty, block_size=B) == 0).all()
 
 
-@given(i=st.integers(1, 40), j=st.integers(1, 40), block=st.integers(1, 12),
-       seed=st.integers(0, 10), is_causal=st.booleans())
+@given(
+    i=st.integers(1, 40),
+    j=st.integers(1, 40),
+    block=st.integers(1, 12),
+    seed=st.integers(0, 10),
+    is_causal=st.booleans(),
+)
 def test_block_sparse_property(i, j, block, seed, is_causal):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(i, 4, generator=g, dtype=torch.float64)
-    k, v = torch.randn(j, 4, generator=g, dtype=torch.float64), torch.randn(j, 3, generator=g, dtype=torch.float64)
+    k, v = (
+        torch.randn(j, 4, generator=g, dtype=torch.float64),
+        torch.randn(j, 3, generator=g, dtype=torch.float64),
+    )
     layout = random_layout(-(-i // block), -(-j // block), seed)
-    out = block_sparse_attention(q, k, v, layout=layout, block_size=block, is_causal=is_causal)
-    mask = block_sparse_mask(layout, block, (i, j)) & (causal(i, j) if is_causal else True)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    out = block_sparse_attention(
+        q, k, v, layout=layout, block_size=block, is_causal=is_causal
+    )
+    mask = block_sparse_mask(layout, block, (i, j)) & (
+        causal(i, j) if is_causal else True
+    )
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    )
 
 
 # --- what a query may not see never reaches it; NaN it may see propagates ------------------
@@ -291,15 +345,21 @@ def test_sliding_window_non_finite_keys_follow_the_dense_reference(poison, windo
     k2[..., bad, :] = poison
     mask = sliding_window_mask(n, window)
     got = sliding_window_attention(q, k2, v, window=window, block_size=16)
-    torch.testing.assert_close(got, scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True)
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True)
+    torch.testing.assert_close(
+        got, scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True
+    )
+    torch.testing.assert_close(
+        got, F.scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True
+    )
     if poison == 1e300:
         assert not got.isnan().any()
 
 
 @pytest.mark.parametrize("poison", POISON)
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_block_sparse_hidden_values_never_reach_a_row_and_keys_follow_the_reference(poison, is_causal):
+def test_block_sparse_hidden_values_never_reach_a_row_and_keys_follow_the_reference(
+    poison, is_causal
+):
     n, B, bad = 45, 8, 30
     layout = random_layout(6, 6, 5, p=0.5)
     layout[3, 3] = layout[0, 3] = True
@@ -307,16 +367,24 @@ def test_block_sparse_hidden_values_never_reach_a_row_and_keys_follow_the_refere
     v2 = v.clone()
     v2[..., bad, :] = poison
     mask = block_sparse_mask(layout, B, n) & (causal(n, n) if is_causal else True)
-    a = block_sparse_attention(q, k, v, layout=layout, block_size=B, is_causal=is_causal)
-    b = block_sparse_attention(q, k, v2, layout=layout, block_size=B, is_causal=is_causal)
+    a = block_sparse_attention(
+        q, k, v, layout=layout, block_size=B, is_causal=is_causal
+    )
+    b = block_sparse_attention(
+        q, k, v2, layout=layout, block_size=B, is_causal=is_causal
+    )
     blind = ~mask[:, bad]
     torch.testing.assert_close(b[..., blind, :], a[..., blind, :])
     if poison != poison:
         assert b[..., ~blind, :].isnan().all()
     k2 = k.clone()
     k2[..., bad, :] = poison
-    got = block_sparse_attention(q, k2, v, layout=layout, block_size=B, is_causal=is_causal)
-    torch.testing.assert_close(got, scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True)
+    got = block_sparse_attention(
+        q, k2, v, layout=layout, block_size=B, is_causal=is_causal
+    )
+    torch.testing.assert_close(
+        got, scaled_dot_product_attention(q, k2, v, attn_mask=mask), equal_nan=True
+    )
 
 
 def test_attn_mask_hidden_keys_never_reach_a_row():
@@ -352,14 +420,24 @@ def test_nan_query_and_scale_propagate_as_in_torch():
 def test_huge_sizes_are_clamped():
     q, k, v = qkv(5, batch=(1,), grad=False)
     dense = F.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(sliding_window_attention(q, k, v, window=10**18, block_size=10**9), dense)
-    torch.testing.assert_close(sliding_window_attention(q, k, v, window=(None, None)), dense)
+    torch.testing.assert_close(
+        sliding_window_attention(q, k, v, window=10**18, block_size=10**9), dense
+    )
+    torch.testing.assert_close(
+        sliding_window_attention(q, k, v, window=(None, None)), dense
+    )
     one = torch.ones(1, 1, dtype=torch.bool)
-    torch.testing.assert_close(block_sparse_attention(q, k, v, layout=one, block_size=10**12), dense)
+    torch.testing.assert_close(
+        block_sparse_attention(q, k, v, layout=one, block_size=10**12), dense
+    )
     # a long key axis and one block: the queries are not padded to the block size
     q1, k1, v1 = qkv(3, j=4000, batch=(1,), grad=False)
-    out = block_sparse_attention(q1, k1, v1, layout=one, block_size=10**6, is_causal=True)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q1, k1, v1, attn_mask=causal(3, 4000)))
+    out = block_sparse_attention(
+        q1, k1, v1, layout=one, block_size=10**6, is_causal=True
+    )
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q1, k1, v1, attn_mask=causal(3, 4000))
+    )
 
 
 @pytest.mark.parametrize("i, j", [(0, 5), (5, 0), (0, 0)])
@@ -378,12 +456,17 @@ def test_zero_head_size_behaves_as_torch():
     # d = 0: every score is 0, so each query averages the values it may see
     q, k, v = qkv(9, batch=(2,), d=0, grad=False)
     mask = sliding_window_mask(9, 1)
-    torch.testing.assert_close(sliding_window_attention(q, k, v, window=1),
-                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(
+        sliding_window_attention(q, k, v, window=1),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
     layout = local_global_layout(3, 0, 1)
     torch.testing.assert_close(
         block_sparse_attention(q, k, v, layout=layout, block_size=3),
-        F.scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout, 3, 9)))
+        F.scaled_dot_product_attention(
+            q, k, v, attn_mask=block_sparse_mask(layout, 3, 9)
+        ),
+    )
 
 
 # --- bad input: one test per class ------------------------------------------------------
@@ -392,7 +475,13 @@ def test_zero_head_size_behaves_as_torch():
 KERNELS = {
     "sliding": lambda q, k, v, **kw: sliding_window_attention(q, k, v, window=1, **kw),
     "block": lambda q, k, v, **kw: block_sparse_attention(
-        q, k, v, layout=torch.ones(1, 1, dtype=torch.bool, device=q.device), block_size=5, **kw),
+        q,
+        k,
+        v,
+        layout=torch.ones(1, 1, dtype=torch.bool, device=q.device),
+        block_size=5,
+        **kw,
+    ),
 }
 
 
@@ -414,7 +503,9 @@ def test_scale_must_be_a_number(kernel):
 @pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
 def test_inputs_on_different_devices_are_refused(kernel):
     q, k, v = qkv(5, grad=False)
-    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+    with pytest.raises(
+        ValueError, match="must be on the same device, got cpu and meta"
+    ):
         kernel(q, k.to("meta"), v)
 
 
@@ -439,7 +530,9 @@ def test_sizes_must_be_ints():
     with pytest.raises(TypeError, match="window must be an int w"):
         sliding_window_attention(q, k, v, window=1.5)
     with pytest.raises(TypeError, match="block_size must be an int, got float"):
-        block_sparse_attention(q, k, v, layout=torch.ones(1, 1, dtype=torch.bool), block_size=5.0)
+        block_sparse_attention(
+            q, k, v, layout=torch.ones(1, 1, dtype=torch.bool), block_size=5.0
+        )
 
 
 def test_sizes_must_be_in_range():
@@ -449,7 +542,9 @@ def test_sizes_must_be_in_range():
     with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
         sliding_window_attention(q, k, v, window=1, block_size=0)
     with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
-        block_sparse_attention(q, k, v, layout=torch.ones(1, 1, dtype=torch.bool), block_size=0)
+        block_sparse_attention(
+            q, k, v, layout=torch.ones(1, 1, dtype=torch.bool), block_size=0
+        )
 
 
 def test_sliding_window_is_causal_needs_as_many_queries_as_keys():
@@ -461,19 +556,33 @@ def test_sliding_window_is_causal_needs_as_many_queries_as_keys():
 @pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
 def test_sparse_kernels_check_d(kernel):
     q, k, v = qkv(5)
-    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 4"):
+    with pytest.raises(
+        ValueError, match="query and key must share their last dimension d, got 8 and 4"
+    ):
         kernel(q, k[..., :4], v)
 
 
 def test_block_sparse_rejects_bad_layouts():
     q, k, v = qkv(37)
-    with pytest.raises(ValueError, match=r"layout has 2 query blocks but 37 query positions"):
-        block_sparse_attention(q, k, v, layout=torch.ones(2, 2, dtype=torch.bool), block_size=16)
+    with pytest.raises(
+        ValueError, match=r"layout has 2 query blocks but 37 query positions"
+    ):
+        block_sparse_attention(
+            q, k, v, layout=torch.ones(2, 2, dtype=torch.bool), block_size=16
+        )
     with pytest.raises(TypeError, match="layout must be boolean"):
         block_sparse_attention(q, k, v, layout=torch.ones(3, 3), block_size=16)
-    with pytest.raises(ValueError, match="query and layout must be on the same device, got cpu and meta"):
-        block_sparse_attention(q, k, v, layout=torch.ones(3, 3, dtype=torch.bool, device="meta"),
-                               block_size=16)
+    with pytest.raises(
+        ValueError,
+        match="query and layout must be on the same device, got cpu and meta",
+    ):
+        block_sparse_attention(
+            q,
+            k,
+            v,
+            layout=torch.ones(3, 3, dtype=torch.bool, device="meta"),
+            block_size=16,
+        )
 
 
 def test_options_are_keyword_only():
@@ -504,20 +613,25 @@ def test_value_and_attn_mask_are_checked(kernel):
 @pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
 def test_meta_inputs_give_the_output_shape(kernel):
     q, k, v = (t.to("meta") for t in qkv(5, grad=False))
-    assert kernel(q, k, v).shape == (2, 3, 5, 5) and kernel(q, k, v).device.type == "meta"
+    assert (
+        kernel(q, k, v).shape == (2, 3, 5, 5) and kernel(q, k, v).device.type == "meta"
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_matches_torch(dtype):
     q, k, v = (t.to(dtype) for t in qkv(40, batch=(1, 2), grad=False))
     mask = sliding_window_mask(40, (5, 2))
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    ref = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask
+    )
     out = sliding_window_attention(q, k, v, window=(5, 2), block_size=8)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     layout = local_global_layout(5, 1, 1)
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                         attn_mask=block_sparse_mask(layout, 8, 40))
+    ref = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=block_sparse_mask(layout, 8, 40)
+    )
     out = block_sparse_attention(q, k, v, layout=layout, block_size=8)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
@@ -530,13 +644,21 @@ def test_a_float32_mask_works_with_any_query_dtype(dtype):
     mask = torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(0))
     layout = local_global_layout(3, 0, 1)
     kept = block_sparse_mask(layout, 8, 24)
-    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                         attn_mask=mask.double().masked_fill(~kept, float("-inf")))
+    ref = F.scaled_dot_product_attention(
+        q.double(),
+        k.double(),
+        v.double(),
+        attn_mask=mask.double().masked_fill(~kept, float("-inf")),
+    )
     out = block_sparse_attention(q, k, v, layout=layout, block_size=8, attn_mask=mask)
     tol = {} if dtype == torch.float64 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(out.double(), ref, **tol)
     window = sliding_window_mask(24, 3)
-    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                         attn_mask=mask.double().masked_fill(~window, float("-inf")))
+    ref = F.scaled_dot_product_attention(
+        q.double(),
+        k.double(),
+        v.double(),
+        attn_mask=mask.double().masked_fill(~window, float("-inf")),
+    )
     out = sliding_window_attention(q, k, v, window=3, attn_mask=mask)
     torch.testing.assert_close(out.double(), ref, **tol)

@@ -23,9 +23,11 @@ from attention.efficient import _sparse_cpu as cpu
 def plain_qkv(i, j=None, *, batch=(2, 3), d=8, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     j = i if j is None else j
-    return (torch.randn(*batch, i, d, generator=g, dtype=dtype),
-            torch.randn(*batch, j, d, generator=g, dtype=dtype),
-            torch.randn(*batch, j, d, generator=g, dtype=dtype))
+    return (
+        torch.randn(*batch, i, d, generator=g, dtype=dtype),
+        torch.randn(*batch, j, d, generator=g, dtype=dtype),
+        torch.randn(*batch, j, d, generator=g, dtype=dtype),
+    )
 
 
 def random_layout(rows, cols, seed, p=0.4):
@@ -60,9 +62,17 @@ def plans(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, B, window, num_global", [
-    (256, 16, 1, 1), (250, 16, 2, 1), (203, 7, 3, 2), (130, 64, 0, 1), (97, 8, 0, 0), (64, 8, 20, 0),
-])
+@pytest.mark.parametrize(
+    "n, B, window, num_global",
+    [
+        (256, 16, 1, 1),
+        (250, 16, 2, 1),
+        (203, 7, 3, 2),
+        (130, 64, 0, 1),
+        (97, 8, 0, 0),
+        (64, 8, 20, 0),
+    ],
+)
 def test_fast_path_equals_dense(dtype, n, B, window, num_global):
     layout = local_global_layout(-(-n // B), window, num_global)
     q, k, v = plain_qkv(n, dtype=dtype, seed=n)
@@ -73,8 +83,12 @@ def test_fast_path_equals_dense(dtype, n, B, window, num_global):
     torch.testing.assert_close(out, ref.to(dtype), **tol)
     if dtype == torch.float32:  # and PyTorch's fused kernel with the dense mask
         mask = block_sparse_mask(layout, B, n)
-        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            out,
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+            atol=1e-5,
+            rtol=1e-4,
+        )
 
 
 def test_block_sparse_attention_takes_it_for_cpu_inference(plans):
@@ -93,10 +107,20 @@ def test_not_taken_with_autograd_masks_or_scattered_layouts(plans):
     layout = local_global_layout(10, 2, 1)
     q, k, v = plain_qkv(n, batch=(2,))
     block_sparse_attention(q.requires_grad_(), k, v, layout=layout, block_size=B)
-    block_sparse_attention(q.detach(), k, v, layout=layout, block_size=B, is_causal=True)
-    block_sparse_attention(q.detach(), k, v, layout=layout, block_size=B,
-                           attn_mask=torch.ones(n, n, dtype=torch.bool))
-    scattered = random_layout(30, 30, 0, p=0.5)  # many short runs: the gather path is faster
+    block_sparse_attention(
+        q.detach(), k, v, layout=layout, block_size=B, is_causal=True
+    )
+    block_sparse_attention(
+        q.detach(),
+        k,
+        v,
+        layout=layout,
+        block_size=B,
+        attn_mask=torch.ones(n, n, dtype=torch.bool),
+    )
+    scattered = random_layout(
+        30, 30, 0, p=0.5
+    )  # many short runs: the gather path is faster
     block_sparse_attention(q.detach(), k, v, layout=scattered, block_size=5)
     assert plans == []
     with torch.no_grad():  # inference: taken
@@ -133,7 +157,7 @@ def test_several_runs_per_row_and_empty_rows():
     layout[:, 0] = True  # a global column
     layout[:, 5:7] = True  # a shared run in the middle
     for r in range(10):
-        layout[r, min(11, r + 2):min(12, r + 4)] = True  # a band, clipped at the end
+        layout[r, min(11, r + 2) : min(12, r + 4)] = True  # a band, clipped at the end
     layout[3, 9:] = True
     layout[4] = False  # a row that attends to nothing
     layout[9] = False  # and the partial last block
@@ -150,7 +174,9 @@ def test_broadcast_and_strided_inputs():
     q, k, v = plain_qkv(n, batch=(2, 3))
     k1, v1 = k[:1].expand(2, 3, n, 8), v[:1].expand(2, 3, n, 8)  # broadcast batch dims
     qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last-dim stride != 1
-    torch.testing.assert_close(runs(qt, k1, v1, layout, B), reference(q, k1, v1, layout, B))
+    torch.testing.assert_close(
+        runs(qt, k1, v1, layout, B), reference(q, k1, v1, layout, B)
+    )
 
 
 @pytest.mark.parametrize("n", [16 * 12, 16 * 12 - 5])
@@ -167,8 +193,9 @@ def test_column_kept_by_every_row(plans, n):
     # a middle column kept by every row, next to runs on both sides
     layout = random_layout(16, 16, 2, p=0.3)
     layout[:, 6] = True
-    torch.testing.assert_close(runs(q, k, v, layout, B, scale=0.5),
-                               reference(q, k, v, layout, B, scale=0.5))
+    torch.testing.assert_close(
+        runs(q, k, v, layout, B, scale=0.5), reference(q, k, v, layout, B, scale=0.5)
+    )
 
 
 def test_large_layouts_are_planned_without_the_cache():
@@ -179,9 +206,16 @@ def test_large_layouts_are_planned_without_the_cache():
     assert plan == cpu._plan(layout, 1, 300, 300)
 
 
-@given(i=st.integers(1, 60), j=st.integers(1, 60), block=st.integers(1, 12),
-       seed=st.integers(0, 20), p=st.floats(0.05, 0.95))
+@given(
+    i=st.integers(1, 60),
+    j=st.integers(1, 60),
+    block=st.integers(1, 12),
+    seed=st.integers(0, 20),
+    p=st.floats(0.05, 0.95),
+)
 def test_any_layout_property(i, j, block, seed, p):
     q, k, v = plain_qkv(i, j, batch=(2,), d=4, seed=seed)
     layout = random_layout(-(-i // block), -(-j // block), seed, p=p)
-    torch.testing.assert_close(runs(q, k, v, layout, block), reference(q, k, v, layout, block))
+    torch.testing.assert_close(
+        runs(q, k, v, layout, block), reference(q, k, v, layout, block)
+    )

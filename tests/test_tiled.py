@@ -5,7 +5,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention import online_softmax, scaled_dot_product_attention, softmax, tiled_attention
+from attention import (
+    online_softmax,
+    scaled_dot_product_attention,
+    softmax,
+    tiled_attention,
+)
 from attention.efficient.tiled import online_softmax_blocked
 from conftest import qkv
 
@@ -25,8 +30,12 @@ def grads(out, inputs, seed=1):
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_online_softmax_equals_softmax(block_size, dim):
     x = 5 * torch.randn(6, 11, dtype=F64)
-    torch.testing.assert_close(online_softmax(x, dim, block_size=block_size), softmax(x, dim))
-    torch.testing.assert_close(online_softmax(x, dim, block_size=block_size), torch.softmax(x, dim))
+    torch.testing.assert_close(
+        online_softmax(x, dim, block_size=block_size), softmax(x, dim)
+    )
+    torch.testing.assert_close(
+        online_softmax(x, dim, block_size=block_size), torch.softmax(x, dim)
+    )
 
 
 def test_online_softmax_blocked_equals_softmax():
@@ -43,7 +52,9 @@ def test_online_softmax_large_and_increasing_inputs():
 
 
 def test_online_softmax_minus_inf():
-    x = torch.tensor([[float("-inf"), 1.0, float("-inf"), 2.0], [float("-inf")] * 4], dtype=F64)
+    x = torch.tensor(
+        [[float("-inf"), 1.0, float("-inf"), 2.0], [float("-inf")] * 4], dtype=F64
+    )
     out = online_softmax(x, block_size=1)
     torch.testing.assert_close(out[0], torch.softmax(x[0], -1))
     assert out[0, 0] == 0 and out[0, 2] == 0
@@ -59,7 +70,9 @@ def test_online_softmax_gradient():
 def test_property_online_softmax(n, block, seed):
     g = torch.Generator().manual_seed(seed)
     x = 10 * torch.randn(2, n, generator=g, dtype=F64)
-    torch.testing.assert_close(online_softmax(x, block_size=block), torch.softmax(x, -1))
+    torch.testing.assert_close(
+        online_softmax(x, block_size=block), torch.softmax(x, -1)
+    )
 
 
 def test_online_softmax_rejects_bad_block_size():
@@ -118,21 +131,29 @@ def test_broadcast_batch_dims_and_unbatched():
     _, k, v = qkv(11, batch=(1, 3), seed=4)
     out = tiled_attention(q, k, v, block_size=4, is_causal=True)
     assert out.shape == (2, 3, 11, 5)
-    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(
+        out, scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
     q, k, _ = qkv(11, batch=(1, 3), grad=True)
-    _, _, v = qkv(11, batch=(2, 3), seed=5, grad=True)  # only the values carry the batch
+    _, _, v = qkv(
+        11, batch=(2, 3), seed=5, grad=True
+    )  # only the values carry the batch
     out = tiled_attention(q, k, v, block_size=4, is_causal=True)
     ref = scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, ref)
     for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
         torch.testing.assert_close(a, b)
     q, k, v = qkv(9, batch=())
-    torch.testing.assert_close(tiled_attention(q, k, v, block_size=2), scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, block_size=2), scaled_dot_product_attention(q, k, v)
+    )
 
 
 def test_float32_close_to_float64():
     q, k, v = qkv(200)
-    out = tiled_attention(q.float(), k.float(), v.float(), block_size=32, is_causal=True)
+    out = tiled_attention(
+        q.float(), k.float(), v.float(), block_size=32, is_causal=True
+    )
     ref = scaled_dot_product_attention(q, k, v, is_causal=True).float()
     torch.testing.assert_close(out, ref)
 
@@ -165,12 +186,18 @@ def test_property_tiled_equals_reference(i, j, block_size, is_causal, seed):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_return_lse(is_causal):
     q, k, v = qkv(37, grad=True)
-    out, lse = tiled_attention(q, k, v, block_size=7, is_causal=is_causal, return_lse=True)
+    out, lse = tiled_attention(
+        q, k, v, block_size=7, is_causal=is_causal, return_lse=True
+    )
     scores = q @ k.transpose(-2, -1) / 8**0.5
     if is_causal:
-        scores = scores.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(
+            torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf")
+        )
     torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
-    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+    torch.testing.assert_close(
+        out, scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    )
     # The log-sum-exp is differentiable too.
     ga = torch.autograd.grad(lse.sum(), (q, k))
     gb = torch.autograd.grad(torch.logsumexp(scores, -1).sum(), (q, k))
@@ -216,7 +243,9 @@ def test_fully_masked_rows_give_zero_output_and_finite_gradients(block_size):
     mask = torch.ones(10, 13, dtype=torch.bool)
     mask[3] = False
     mask[7, :] = False
-    fast, lse = tiled_attention(q, k, v, block_size=block_size, attn_mask=mask, return_lse=True)
+    fast, lse = tiled_attention(
+        q, k, v, block_size=block_size, attn_mask=mask, return_lse=True
+    )
     ref = scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(fast, ref)
     assert (fast[..., 3, :] == 0).all() and (fast[..., 7, :] == 0).all()
@@ -252,7 +281,9 @@ def test_masked_keys_poisoned_with_huge_values_change_nothing():
     k2, v2 = k.clone(), v.clone()
     k2[..., 15:, :] = 1e9
     v2[..., 15:, :] = 1e9
-    torch.testing.assert_close(tiled_attention(q, k2, v2, block_size=6, attn_mask=mask), ref)
+    torch.testing.assert_close(
+        tiled_attention(q, k2, v2, block_size=6, attn_mask=mask), ref
+    )
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -273,19 +304,26 @@ def test_rejects_non_integer_block_size():
 
 def test_rejects_mismatched_d():
     q, k, v = qkv(4)
-    with pytest.raises(ValueError, match="query and key must share their last dimension d, got 8 and 6"):
+    with pytest.raises(
+        ValueError, match="query and key must share their last dimension d, got 8 and 6"
+    ):
         tiled_attention(q, k[..., :6], v)
 
 
 def test_rejects_mismatched_positions():
     q, k, v = qkv(4)
-    with pytest.raises(ValueError, match="key and value must have the same number of positions j, got 4 and 2"):
+    with pytest.raises(
+        ValueError,
+        match="key and value must have the same number of positions j, got 4 and 2",
+    ):
         tiled_attention(q, k, v[..., :2, :])
 
 
 def test_rejects_batch_dims_that_do_not_broadcast():
     q, k, v = qkv(4, batch=(2,))
-    with pytest.raises(ValueError, match="batch dims of query, key and value must broadcast"):
+    with pytest.raises(
+        ValueError, match="batch dims of query, key and value must broadcast"
+    ):
         tiled_attention(q, k, torch.zeros(3, 4, 5, dtype=F64))
 
 
@@ -300,7 +338,9 @@ def test_rejects_mixed_dtypes_and_non_tensors():
 def test_rejects_mask_together_with_is_causal_and_bad_masks():
     q, k, v = qkv(4)
     with pytest.raises(ValueError, match="pass either attn_mask or is_causal=True"):
-        tiled_attention(q, k, v, is_causal=True, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+        tiled_attention(
+            q, k, v, is_causal=True, attn_mask=torch.ones(4, 4, dtype=torch.bool)
+        )
     with pytest.raises(ValueError, match="does not broadcast"):
         tiled_attention(q, k, v, attn_mask=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="is_causal must be a bool.*got int"):
@@ -317,9 +357,13 @@ def test_rejects_bad_flags_and_mixed_devices():
         tiled_attention(q, k, v, return_lse=1)
     with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
         tiled_attention(q, k, v, scale=True)
-    with pytest.raises(ValueError, match="must be on the same device, got cpu and meta"):
+    with pytest.raises(
+        ValueError, match="must be on the same device, got cpu and meta"
+    ):
         tiled_attention(q, k.to("meta"), v)
-    with pytest.raises(ValueError, match="query heads must be a multiple of the key/value heads"):
+    with pytest.raises(
+        ValueError, match="query heads must be a multiple of the key/value heads"
+    ):
         tiled_attention(q, k[:, :2], v[:, :2], enable_gqa=True)
 
 
@@ -337,7 +381,9 @@ def test_options_are_keyword_only():
 def test_gradcheck(is_causal, i, j, block_size):
     q, k, v = qkv(i, j, d=4, e=3, batch=(2,), grad=True)
     assert torch.autograd.gradcheck(
-        lambda q, k, v: tiled_attention(q, k, v, block_size=block_size, is_causal=is_causal, return_lse=True),
+        lambda q, k, v: tiled_attention(
+            q, k, v, block_size=block_size, is_causal=is_causal, return_lse=True
+        ),
         (q, k, v),
     )
 
@@ -350,23 +396,49 @@ def test_gradcheck_masks_scale_broadcast_and_gqa():
     bias = torch.randn(1, 9, 10, generator=g, dtype=F64)
     check = lambda fn, *inputs: torch.autograd.gradcheck(fn, inputs, fast_mode=True)  # noqa: E731
     for kwargs in ({"attn_mask": mask}, {"attn_mask": bias, "scale": 0.4}):
-        assert check(lambda q, k, v, kw=kwargs: tiled_attention(q, k, v, block_size=3, **kw), q, k, v)
-    k1, v1 = (t.detach()[:1].clone().requires_grad_() for t in (k, v))  # batch dims broadcast
-    assert check(lambda q, k, v: tiled_attention(q, k, v, block_size=4, is_causal=True), q, k1, v1)
-    kg, vg = (t.detach()[:, :1].clone().requires_grad_() for t in (k, v))  # 2 query heads, 1 kv head
-    assert check(lambda q, k, v: tiled_attention(q, k, v, block_size=4, enable_gqa=True, attn_mask=mask), q, kg, vg)
+        assert check(
+            lambda q, k, v, kw=kwargs: tiled_attention(q, k, v, block_size=3, **kw),
+            q,
+            k,
+            v,
+        )
+    k1, v1 = (
+        t.detach()[:1].clone().requires_grad_() for t in (k, v)
+    )  # batch dims broadcast
+    assert check(
+        lambda q, k, v: tiled_attention(q, k, v, block_size=4, is_causal=True),
+        q,
+        k1,
+        v1,
+    )
+    kg, vg = (
+        t.detach()[:, :1].clone().requires_grad_() for t in (k, v)
+    )  # 2 query heads, 1 kv head
+    assert check(
+        lambda q, k, v: tiled_attention(
+            q, k, v, block_size=4, enable_gqa=True, attn_mask=mask
+        ),
+        q,
+        kg,
+        vg,
+    )
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_gradients_equal_torch_sdpa_at_1000_in_float32(is_causal):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 1000, 32, generator=g).requires_grad_() for _ in range(3))
+    q, k, v = (
+        torch.randn(1, 2, 1000, 32, generator=g).requires_grad_() for _ in range(3)
+    )
     weight = torch.randn(1, 2, 1000, 32, generator=g)
     out = tiled_attention(q, k, v, block_size=128, is_causal=is_causal)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     torch.testing.assert_close(out, ref)
-    for a, b in zip(torch.autograd.grad((out * weight).sum(), (q, k, v)),
-                    torch.autograd.grad((ref * weight).sum(), (q, k, v)), strict=True):
+    for a, b in zip(
+        torch.autograd.grad((out * weight).sum(), (q, k, v)),
+        torch.autograd.grad((ref * weight).sum(), (q, k, v)),
+        strict=True,
+    ):
         torch.testing.assert_close(a, b)
 
 
@@ -376,7 +448,9 @@ def test_gqa_equals_torch_with_gradients():
     mask = torch.rand(6, 12, 12, generator=torch.Generator().manual_seed(2)) > 0.3
     for kwargs in ({"is_causal": True}, {"attn_mask": mask}, {"attn_mask": mask[:1]}):
         out = tiled_attention(q, k, v, block_size=5, enable_gqa=True, **kwargs)
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True, **kwargs
+        )
         torch.testing.assert_close(out, ref)
         for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
             torch.testing.assert_close(a, b)
@@ -397,12 +471,24 @@ def _count_saved(fn):
 
 def test_only_qkv_output_and_lse_are_saved():
     q, k, v = qkv(40, 30, grad=True)  # (2, 3, 40, 8), (2, 3, 30, 8), (2, 3, 30, 5)
-    out, saved = _count_saved(lambda: tiled_attention(q, k, v, block_size=8, is_causal=True))
-    assert saved == [(2, 3, 40, 8), (2, 3, 30, 8), (2, 3, 30, 5), (2, 3, 40, 5), (2, 3, 40)]
+    out, saved = _count_saved(
+        lambda: tiled_attention(q, k, v, block_size=8, is_causal=True)
+    )
+    assert saved == [
+        (2, 3, 40, 8),
+        (2, 3, 30, 8),
+        (2, 3, 30, 5),
+        (2, 3, 40, 5),
+        (2, 3, 40),
+    ]
     assert len(out.grad_fn.saved_tensors) == 5
     mask = torch.arange(30) < 20
-    _, saved = _count_saved(lambda: tiled_attention(q, k, v, block_size=8, attn_mask=mask))
-    assert saved[-1] == (1, 30) and len(saved) == 6  # and the mask, a view, not expanded
+    _, saved = _count_saved(
+        lambda: tiled_attention(q, k, v, block_size=8, attn_mask=mask)
+    )
+    assert (
+        saved[-1] == (1, 30) and len(saved) == 6
+    )  # and the mask, a view, not expanded
     # plain autograd through the same tiles would keep every tile: far more numbers
     _, naive = _count_saved(lambda: scaled_dot_product_attention(q, k, v))
     assert sum(torch.Size(s).numel() for s in naive) > 40 * 30 * 6
@@ -414,7 +500,9 @@ def test_query_with_no_visible_key_gets_zero_gradient_and_float_mask_none():
     mask[2] = False
     out, lse = tiled_attention(q, k, v, block_size=3, attn_mask=mask, return_lse=True)
     (dq,) = torch.autograd.grad((out.sum() + lse[..., [0, 1, 3, 4, 5]].sum()), (q,))
-    assert (dq[..., 2, :] == 0).all() and (out[..., 2, :] == 0).all()  # exact: the tile weights are 0
+    assert (dq[..., 2, :] == 0).all() and (
+        out[..., 2, :] == 0
+    ).all()  # exact: the tile weights are 0
     bias = torch.randn(6, 8, dtype=F64, requires_grad=True)
     tiled_attention(q, k, v, attn_mask=bias).sum().backward()
     assert bias.grad is None and q.grad is not None
@@ -441,7 +529,11 @@ def test_nan_propagates_as_in_torch():
     k2[0, 1, 4, 2] = float("nan")  # one key of one head of one batch entry
     out = tiled_attention(q, k2, v, block_size=3)
     torch.testing.assert_close(out, sdpa(q, k2, v), equal_nan=True)
-    assert out[0, 1].isnan().all() and not out[1].isnan().any() and not out[0, 0].isnan().any()
+    assert (
+        out[0, 1].isnan().all()
+        and not out[1].isnan().any()
+        and not out[0, 0].isnan().any()
+    )
     # causally too, as in torch: the hidden future score is still a NaN score, so every
     # query of that head is NaN (the package's one rule for non-finite scores)
     out = tiled_attention(q, k2, v, block_size=3, is_causal=True)
@@ -451,11 +543,18 @@ def test_nan_propagates_as_in_torch():
     mask = torch.ones(6, 7, dtype=torch.bool)
     mask[3] = False
     nan_scale = tiled_attention(q, k, v, scale=float("nan"), attn_mask=mask)
-    assert nan_scale.isnan().all() and sdpa(q, k, v, scale=float("nan"), attn_mask=mask).isnan().all()
+    assert (
+        nan_scale.isnan().all()
+        and sdpa(q, k, v, scale=float("nan"), attn_mask=mask).isnan().all()
+    )
     # a NaN in a float mask makes its row NaN
     bias = torch.zeros(6, 7, dtype=F64)
     bias[1, 5] = float("nan")
-    torch.testing.assert_close(tiled_attention(q, k, v, attn_mask=bias), sdpa(q, k, v, attn_mask=bias), equal_nan=True)
+    torch.testing.assert_close(
+        tiled_attention(q, k, v, attn_mask=bias),
+        sdpa(q, k, v, attn_mask=bias),
+        equal_nan=True,
+    )
 
 
 def test_overflowed_rows_are_nan_as_in_torch():
@@ -468,12 +567,16 @@ def test_overflowed_rows_are_nan_as_in_torch():
     torch.testing.assert_close(out, ref, equal_nan=True)
 
 
-@pytest.mark.parametrize("i, j, d, e", [(0, 5, 4, 3), (4, 0, 4, 3), (4, 5, 0, 3), (4, 5, 4, 0), (0, 0, 0, 0)])
+@pytest.mark.parametrize(
+    "i, j, d, e", [(0, 5, 4, 3), (4, 0, 4, 3), (4, 5, 0, 3), (4, 5, 4, 0), (0, 0, 0, 0)]
+)
 def test_empty_axes_as_in_torch(i, j, d, e):
     q, k, v = qkv(i, j, d=d, e=e, grad=True)
     for is_causal in (False, True):
         out = tiled_attention(q, k, v, block_size=2, is_causal=is_causal)
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal
+        )
         torch.testing.assert_close(out, ref)
         if out.numel():
             for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
@@ -492,26 +595,40 @@ def test_d_zero_ignores_the_scale_as_torch():
 def test_huge_block_size_is_clamped():
     q, k, v = qkv(5, 7, grad=True)
     out = tiled_attention(q, k, v, block_size=10**15, is_causal=True)
-    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(
+        out, scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
     grads(out, (q, k, v))
 
 
 def test_online_softmax_nan_and_inf_as_torch():
-    x = torch.tensor([[float("inf"), 1.0, 2.0], [float("nan"), 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=F64)
+    x = torch.tensor(
+        [[float("inf"), 1.0, 2.0], [float("nan"), 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=F64
+    )
     for block_size in (1, 2, 3):
-        torch.testing.assert_close(online_softmax(x, block_size=block_size), torch.softmax(x, -1), equal_nan=True)
+        torch.testing.assert_close(
+            online_softmax(x, block_size=block_size),
+            torch.softmax(x, -1),
+            equal_nan=True,
+        )
     assert online_softmax(x[:, :0]).shape == (3, 0)
 
 
-@pytest.mark.parametrize("shape", [(6, 1), (1, 1), (2, 4, 1, 1), (1, 7), (4, 6, 1), (2, 1, 6, 1)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(6, 1), (1, 1), (2, 4, 1, 1), (1, 7), (4, 6, 1), (2, 1, 6, 1)], ids=str
+)
 @pytest.mark.parametrize("gqa", [False, True])
 def test_masks_broadcasting_over_the_key_axis_with_the_lse_and_backward(shape, gqa):
     """j = 7 is not a multiple of block_size = 3: a key axis of size 1 must broadcast to
     every block, not be sliced to nothing."""
     q, k, v = qkv(6, 7, batch=(2,), h=4, h_kv=2 if gqa else 4, grad=True)
     mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
-    out, lse = tiled_attention(q, k, v, attn_mask=mask, block_size=3, return_lse=True, enable_gqa=gqa)
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    out, lse = tiled_attention(
+        q, k, v, attn_mask=mask, block_size=3, return_lse=True, enable_gqa=gqa
+    )
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=gqa
+    )
     torch.testing.assert_close(out, ref)
     kk = k.repeat_interleave(2, dim=-3) if gqa else k
     scores = (q @ kk.transpose(-2, -1) / 8**0.5).masked_fill(~mask, -torch.inf)

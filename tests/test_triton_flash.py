@@ -66,8 +66,12 @@ def test_output_and_gradients_equal_torch_sdpa(shape, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_output_lse_and_gradients_equal_tiled_attention(shape, is_causal):
     q, k, v = _qkv(*shape, seed=3)
-    out, lse = flash_attention_triton(q, k, v, is_causal=is_causal, scale=0.3, return_lse=True)
-    ref, ref_lse = tiled_attention(q, k, v, is_causal=is_causal, scale=0.3, return_lse=True)
+    out, lse = flash_attention_triton(
+        q, k, v, is_causal=is_causal, scale=0.3, return_lse=True
+    )
+    ref, ref_lse = tiled_attention(
+        q, k, v, is_causal=is_causal, scale=0.3, return_lse=True
+    )
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(lse, ref_lse, atol=ATOL, rtol=RTOL)
     # a loss that reads the log-sum-exp too: its gradient flows through dlse
@@ -82,7 +86,9 @@ def test_lse_is_the_log_sum_exp_of_the_scaled_scores():
     q, k, v = _qkv(1, 1, 20, 30, 16, seed=5)
     _, lse = flash_attention_triton(q, k, v, return_lse=True)
     scores = (q.detach().double() @ k.detach().double().transpose(-1, -2)) / 4.0
-    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(
+        lse.double(), torch.logsumexp(scores, -1), atol=ATOL, rtol=RTOL
+    )
 
 
 def test_block_size_does_not_change_the_result():
@@ -127,7 +133,9 @@ def _record_forward_tiles(i, j, block, is_causal):
 
     def recording(*args):
         start_n, mask_causal = args[9], args[14]
-        visits.append((as_int(tl.program_id(0)), as_int(start_n) // block, bool(mask_causal)))
+        visits.append(
+            (as_int(tl.program_id(0)), as_int(start_n) // block, bool(mask_causal))
+        )
         return original(*args)
 
     triton_flash._forward_block = recording
@@ -140,7 +148,9 @@ def _record_forward_tiles(i, j, block, is_causal):
     return visits
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="the recording wrapper needs the interpreter")
+@pytest.mark.skipif(
+    not INTERPRETED, reason="the recording wrapper needs the interpreter"
+)
 @pytest.mark.parametrize("i, j", [(64, 64), (50, 50), (40, 70), (70, 40)])
 def test_causal_forward_visits_the_blocks_below_the_diagonal_unmasked(i, j):
     block = 16
@@ -149,9 +159,9 @@ def test_causal_forward_visits_the_blocks_below_the_diagonal_unmasked(i, j):
     for m in range(-(-i // block)):
         # key blocks wholly at or before the query block's first row: no mask
         expected += [(m, n, False) for n in range(min(m, -(-j // block)))]
-        if m * block < j:           # the diagonal block exists: the only masked one
+        if m * block < j:  # the diagonal block exists: the only masked one
             expected.append((m, m, True))
-    assert visits == expected       # also: programs run one after another, in order
+    assert visits == expected  # also: programs run one after another, in order
     full = _record_forward_tiles(i, j, block, is_causal=False)
     assert len(full) == -(-i // block) * -(-j // block) and not any(v[2] for v in full)
 
@@ -202,13 +212,23 @@ def test_no_weight_matrix_is_saved_for_backward():
     "kwargs, error, message",
     [
         (dict(query=torch.randn(2, 8, 16)[0]), ValueError, "at least one batch"),
-        (dict(query=torch.randn(1, 1, 8, 16).double()), TypeError, "float16, bfloat16 or float32"),
+        (
+            dict(query=torch.randn(1, 1, 8, 16).double()),
+            TypeError,
+            "float16, bfloat16 or float32",
+        ),
         (dict(value=torch.randn(1, 1, 8, 32)), ValueError, "one size d"),
         (dict(key=torch.randn(1, 1, 9, 16)), ValueError, "same number of positions j"),
-        (dict(key=torch.randn(2, 1, 8, 16), value=torch.randn(2, 1, 8, 16)), ValueError,
-         "no broadcasting"),
-        (dict(key=torch.randn(1, 1, 0, 16), value=torch.randn(1, 1, 0, 16)), ValueError,
-         "at least one position"),
+        (
+            dict(key=torch.randn(2, 1, 8, 16), value=torch.randn(2, 1, 8, 16)),
+            ValueError,
+            "no broadcasting",
+        ),
+        (
+            dict(key=torch.randn(1, 1, 0, 16), value=torch.randn(1, 1, 0, 16)),
+            ValueError,
+            "at least one position",
+        ),
         (dict(is_causal="yes"), TypeError, "is_causal must be a bool"),
         (dict(scale=-1.0), ValueError, "finite and positive"),
         (dict(scale=True), TypeError, "scale must be a float"),
@@ -217,15 +237,20 @@ def test_no_weight_matrix_is_saved_for_backward():
     ],
 )
 def test_bad_input_is_refused_at_the_boundary(kwargs, error, message):
-    args = dict(query=torch.randn(1, 1, 8, 16), key=torch.randn(1, 1, 8, 16),
-                value=torch.randn(1, 1, 8, 16))
+    args = dict(
+        query=torch.randn(1, 1, 8, 16),
+        key=torch.randn(1, 1, 8, 16),
+        value=torch.randn(1, 1, 8, 16),
+    )
     args.update(kwargs)
     q, k, v = args.pop("query"), args.pop("key"), args.pop("value")
     with pytest.raises(error, match=message):
         flash_attention_triton(q, k, v, **args)
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="bfloat16 is refused only by the interpreter")
+@pytest.mark.skipif(
+    not INTERPRETED, reason="bfloat16 is refused only by the interpreter"
+)
 def test_interpreter_refuses_bfloat16():
     q = torch.randn(1, 1, 8, 16, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="no bfloat16"):

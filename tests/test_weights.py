@@ -24,7 +24,9 @@ from attention.reading.weights import (
     sparsemax,
 )
 
-entmax_package = pytest.importorskip("entmax", reason="the test reference entmax is not installed")
+entmax_package = pytest.importorskip(
+    "entmax", reason="the test reference entmax is not installed"
+)
 
 
 # ---------------------------------------------------------------- naive references
@@ -44,8 +46,8 @@ def entmax15_closed_form(z):
     ordered, _ = torch.sort(z, descending=True)
     k = torch.arange(1, z.numel() + 1, dtype=z.dtype)
     mean = ordered.cumsum(0) / k
-    mean_sq = (ordered ** 2).cumsum(0) / k
-    delta = (1 - k * (mean_sq - mean ** 2)) / k
+    mean_sq = (ordered**2).cumsum(0) / k
+    delta = (1 - k * (mean_sq - mean**2)) / k
     tau = mean - torch.sqrt(torch.clamp(delta, min=0))
     support = int((tau <= ordered).sum())
     return torch.clamp(z - tau[support - 1], min=0) ** 2
@@ -75,20 +77,31 @@ def test_entmax15_is_the_closed_form_and_a_distribution(values):
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_both_equal_the_entmax_package_along_any_axis(dim):
-    x = torch.randn(5, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
-    torch.testing.assert_close(sparsemax(x, dim), entmax_package.sparsemax(x, dim=dim),
-                               atol=1e-12, rtol=0)
-    torch.testing.assert_close(entmax15(x, dim), entmax_package.entmax15(x, dim=dim),
-                               atol=1e-12, rtol=0)
+    x = (
+        torch.randn(
+            5, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+        )
+        * 3
+    )
+    torch.testing.assert_close(
+        sparsemax(x, dim), entmax_package.sparsemax(x, dim=dim), atol=1e-12, rtol=0
+    )
+    torch.testing.assert_close(
+        entmax15(x, dim), entmax_package.entmax15(x, dim=dim), atol=1e-12, rtol=0
+    )
 
 
 def test_float32_entmax_agrees_with_float64():
     x = torch.randn(20, 9, generator=torch.Generator().manual_seed(1)) * 4
-    torch.testing.assert_close(entmax15(x).double(), entmax15(x.double()), atol=2e-6, rtol=0)
+    torch.testing.assert_close(
+        entmax15(x).double(), entmax15(x.double()), atol=2e-6, rtol=0
+    )
 
 
-@pytest.mark.parametrize("fn, closed_form", [(sparsemax, sparsemax_closed_form),
-                                             (entmax15, entmax15_closed_form)])
+@pytest.mark.parametrize(
+    "fn, closed_form",
+    [(sparsemax, sparsemax_closed_form), (entmax15, entmax15_closed_form)],
+)
 def test_jacobian_equals_autograd_through_the_closed_form(fn, closed_form):
     z = torch.tensor([1.3, 0.9, 0.4, -0.7, 2.1, 0.0], dtype=torch.float64)
     ours = torch.autograd.functional.jacobian(fn, z)
@@ -99,8 +112,11 @@ def test_jacobian_equals_autograd_through_the_closed_form(fn, closed_form):
 @pytest.mark.parametrize("fn", [sparsemax, entmax15])
 def test_gradcheck(fn):
     # values well apart, so no entry sits on the support's boundary
-    x = torch.tensor([[1.3, 0.9, 0.4, -0.7, 2.1], [0.2, -1.5, 0.8, 0.5, -0.1]],
-                     dtype=torch.float64, requires_grad=True)
+    x = torch.tensor(
+        [[1.3, 0.9, 0.4, -0.7, 2.1], [0.2, -1.5, 0.8, 0.5, -0.1]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
     assert torch.autograd.gradcheck(lambda t: fn(t, 1), (x,))
 
 
@@ -132,9 +148,11 @@ def test_normalisers_refuse_bad_input(fn):
 def _qkv(seed=0, h=2, i=5, j=6, d=4, e=3, h_kv=None):
     g = torch.Generator().manual_seed(seed)
     h_kv = h_kv or h
-    return (torch.randn(2, h, i, d, generator=g, dtype=torch.float64),
-            torch.randn(2, h_kv, j, d, generator=g, dtype=torch.float64),
-            torch.randn(2, h_kv, j, e, generator=g, dtype=torch.float64))
+    return (
+        torch.randn(2, h, i, d, generator=g, dtype=torch.float64),
+        torch.randn(2, h_kv, j, d, generator=g, dtype=torch.float64),
+        torch.randn(2, h_kv, j, e, generator=g, dtype=torch.float64),
+    )
 
 
 def sigmoid_attention_naive(q, k, v, mask, scale, bias):
@@ -144,7 +162,10 @@ def sigmoid_attention_naive(q, k, v, mask, scale, bias):
             for i in range(q.shape[2]):
                 for j in range(k.shape[2]):
                     if mask is None or mask[i, j]:
-                        w = 1 / (1 + math.exp(-(scale * float(q[b, h, i] @ k[b, h, j]) + bias)))
+                        w = 1 / (
+                            1
+                            + math.exp(-(scale * float(q[b, h, i] @ k[b, h, j]) + bias))
+                        )
                         out[b, h, i] += w * v[b, h, j]
     return out
 
@@ -154,12 +175,18 @@ def test_sigmoid_attention_equals_a_naive_loop(causal):
     q, k, v = _qkv()
     mask = torch.ones(5, 6, dtype=torch.bool).tril() if causal else None
     expected = sigmoid_attention_naive(q, k, v, mask, 0.5, -math.log(6))
-    torch.testing.assert_close(sigmoid_attention(q, k, v, scale=0.5, is_causal=causal),
-                               expected, atol=1e-12, rtol=0)
-    torch.testing.assert_close(sigmoid_attention(q, k, v, scale=0.5, attn_mask=mask,
-                                                 bias=-math.log(6)),
-                               sigmoid_attention_naive(q, k, v, mask, 0.5, -math.log(6)),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        sigmoid_attention(q, k, v, scale=0.5, is_causal=causal),
+        expected,
+        atol=1e-12,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        sigmoid_attention(q, k, v, scale=0.5, attn_mask=mask, bias=-math.log(6)),
+        sigmoid_attention_naive(q, k, v, mask, 0.5, -math.log(6)),
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_sigmoid_attention_float_mask_enters_before_the_sigmoid_and_gqa_repeats_heads():
@@ -173,12 +200,18 @@ def test_sigmoid_attention_float_mask_enters_before_the_sigmoid_and_gqa_repeats_
 
 def test_sigmoid_keys_do_not_compete():
     q, k, v = _qkv(i=1)
-    w = lambda kk: sigmoid_attention(q, kk, torch.eye(6, dtype=torch.float64)[None, None].expand(2, 2, 6, 6))
+    w = lambda kk: sigmoid_attention(
+        q, kk, torch.eye(6, dtype=torch.float64)[None, None].expand(2, 2, 6, 6)
+    )
     k2 = k.clone()
     k2[..., 5, :] *= 10  # one key's score changes a lot ...
     before, after = w(k), w(k2)
-    torch.testing.assert_close(before[..., :5], after[..., :5], atol=1e-12, rtol=0)  # ... others don't
-    soft = lambda kk: scaled_dot_product_attention(q, kk, torch.eye(6, dtype=torch.float64)[None, None].expand(2, 2, 6, 6))
+    torch.testing.assert_close(
+        before[..., :5], after[..., :5], atol=1e-12, rtol=0
+    )  # ... others don't
+    soft = lambda kk: scaled_dot_product_attention(
+        q, kk, torch.eye(6, dtype=torch.float64)[None, None].expand(2, 2, 6, 6)
+    )
     assert not torch.allclose(soft(k)[..., :5], soft(k2)[..., :5])
 
 
@@ -189,7 +222,9 @@ def test_sigmoid_attention_refuses_bad_input():
     with pytest.raises(ValueError, match="last dimension"):
         sigmoid_attention(q, k[..., :3], v)
     with pytest.raises(ValueError):
-        sigmoid_attention(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.bool), is_causal=True)
+        sigmoid_attention(
+            q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.bool), is_causal=True
+        )
 
 
 # ---------------------------------------------------------------- differential attention
@@ -198,22 +233,34 @@ def test_differential_attention_is_the_difference_of_two_softmax_attentions():
     q2, k2, _ = _qkv(seed=3, e=8)
     for causal in (False, True):
         ours = differential_attention(q1, q2, k1, k2, v, 0.3, is_causal=causal)
-        expected = (scaled_dot_product_attention(q1, k1, v, is_causal=causal)
-                    - 0.3 * scaled_dot_product_attention(q2, k2, v, is_causal=causal))
+        expected = scaled_dot_product_attention(
+            q1, k1, v, is_causal=causal
+        ) - 0.3 * scaled_dot_product_attention(q2, k2, v, is_causal=causal)
         torch.testing.assert_close(ours, expected, atol=1e-12, rtol=0)
     lam = torch.tensor([0.1, 0.7], dtype=torch.float64)
     per_head = differential_attention(q1, q2, k1, k2, v, lam)
     for h in range(2):
         torch.testing.assert_close(
-            per_head[:, h], differential_attention(q1[:, h:h + 1], q2[:, h:h + 1], k1[:, h:h + 1],
-                                                   k2[:, h:h + 1], v[:, h:h + 1],
-                                                   float(lam[h]))[:, 0], atol=1e-12, rtol=0)
+            per_head[:, h],
+            differential_attention(
+                q1[:, h : h + 1],
+                q2[:, h : h + 1],
+                k1[:, h : h + 1],
+                k2[:, h : h + 1],
+                v[:, h : h + 1],
+                float(lam[h]),
+            )[:, 0],
+            atol=1e-12,
+            rtol=0,
+        )
 
 
 def test_lambda_init_follows_the_paper():
     assert differential_lambda_init(1) == pytest.approx(0.2)
     for layer in range(1, 30):
-        assert differential_lambda_init(layer) == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * (layer - 1)))
+        assert differential_lambda_init(layer) == pytest.approx(
+            0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
+        )
     with pytest.raises(ValueError, match=">= 1"):
         differential_lambda_init(0)
 
@@ -226,21 +273,32 @@ def test_differential_module_equals_its_formula_and_is_causal():
     q = layer.w_query(x).view(2, 7, 2, 2, 4)
     k = layer.w_key(x).view(2, 7, 2, 2, 4)
     v = layer.w_value(x).view(2, 7, 2, 8).transpose(1, 2)
-    lam = (math.exp(float(layer.lambda_q1.detach() @ layer.lambda_k1.detach()))
-           - math.exp(float(layer.lambda_q2.detach() @ layer.lambda_k2.detach()))
-           + differential_lambda_init(3))
-    heads = differential_attention(q[..., 0, :].transpose(1, 2), q[..., 1, :].transpose(1, 2),
-                                   k[..., 0, :].transpose(1, 2), k[..., 1, :].transpose(1, 2),
-                                   v, lam, is_causal=True)
+    lam = (
+        math.exp(float(layer.lambda_q1.detach() @ layer.lambda_k1.detach()))
+        - math.exp(float(layer.lambda_q2.detach() @ layer.lambda_k2.detach()))
+        + differential_lambda_init(3)
+    )
+    heads = differential_attention(
+        q[..., 0, :].transpose(1, 2),
+        q[..., 1, :].transpose(1, 2),
+        k[..., 0, :].transpose(1, 2),
+        k[..., 1, :].transpose(1, 2),
+        v,
+        lam,
+        is_causal=True,
+    )
     heads = heads / torch.sqrt(heads.square().mean(-1, keepdim=True) + 1e-6)
     heads = (1 - differential_lambda_init(3)) * heads
-    torch.testing.assert_close(out, layer.w_out(heads.transpose(1, 2).reshape(2, 7, 16)),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        out, layer.w_out(heads.transpose(1, 2).reshape(2, 7, 16)), atol=1e-12, rtol=0
+    )
     assert (weights.triu(1) == 0).all()
     # an output never depends on later inputs
     x2 = x.clone()
     x2[:, -1] += 1
-    torch.testing.assert_close(layer(x2, is_causal=True)[0][:, :-1], out[:, :-1], atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        layer(x2, is_causal=True)[0][:, :-1], out[:, :-1], atol=1e-12, rtol=0
+    )
 
 
 def _diffllama_from(layer, layer_index):
@@ -255,11 +313,16 @@ def _diffllama_from(layer, layer_index):
 
     h, d = layer.num_heads, layer.head_dim
     config = transformers.DiffLlamaConfig(
-        hidden_size=2 * h * d, num_attention_heads=2 * h, num_key_value_heads=2 * h,
-        rms_norm_eps=1e-6, attention_bias=False, attention_dropout=0.0)
+        hidden_size=2 * h * d,
+        num_attention_heads=2 * h,
+        num_key_value_heads=2 * h,
+        rms_norm_eps=1e-6,
+        attention_bias=False,
+        attention_dropout=0.0,
+    )
     config._attn_implementation = "eager"
     hf = DiffLlamaAttention(config, layer_idx=layer_index - 1).double()
-    qk_order = [(2 * n + p) for p in range(2) for n in range(h)]        # HF head -> our block
+    qk_order = [(2 * n + p) for p in range(2) for n in range(h)]  # HF head -> our block
     v_order = [2 * n + half for half in range(2) for n in range(h)]
     blocks = lambda w, order: torch.cat([w.view(-1, d, w.shape[-1])[o] for o in order])
     with torch.no_grad():
@@ -273,22 +336,31 @@ def _diffllama_from(layer, layer_index):
 
 
 @pytest.mark.parametrize("num_heads, layer_index", [(1, 1), (2, 3), (3, 6)])
-def test_differential_module_equals_hugging_face_diffllama_without_rope(num_heads, layer_index):
+def test_differential_module_equals_hugging_face_diffllama_without_rope(
+    num_heads, layer_index
+):
     torch.manual_seed(1)
-    layer = DifferentialAttention(8 * num_heads, num_heads, layer_index=layer_index).double()
+    layer = DifferentialAttention(
+        8 * num_heads, num_heads, layer_index=layer_index
+    ).double()
     hf = _diffllama_from(layer, layer_index)
     assert hf.lambda_init == pytest.approx(layer.lambda_init)
     b, n = 2, 6
     x = torch.randn(b, n, 8 * num_heads, dtype=torch.float64)
-    no_rotation = (torch.ones(b, n, 4, dtype=torch.float64), torch.zeros(b, n, 4, dtype=torch.float64))
+    no_rotation = (
+        torch.ones(b, n, 4, dtype=torch.float64),
+        torch.zeros(b, n, 4, dtype=torch.float64),
+    )
     causal = torch.zeros(n, n, dtype=torch.float64).masked_fill(
-        torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)[None, None]
+        torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf
+    )[None, None]
     ours, _ = layer(x, is_causal=True)
     theirs, _ = hf(x, position_embeddings=no_rotation, attention_mask=causal)
     # DiffLlama computes lambda's exponentials in float32, hence 1e-6 and not 1e-12
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
-    assert not torch.allclose(ours, hf(x, position_embeddings=no_rotation, attention_mask=None)[0],
-                              atol=1e-3)      # the comparison sees the mask
+    assert not torch.allclose(
+        ours, hf(x, position_embeddings=no_rotation, attention_mask=None)[0], atol=1e-3
+    )  # the comparison sees the mask
 
 
 def test_differential_refuses_bad_input():
@@ -306,15 +378,18 @@ def test_differential_refuses_bad_input():
 
 
 # ---------------------------------------------------------------- refinement
-@pytest.mark.parametrize("mechanism", ["none", "simple", "value", "additive", "stochastic"])
+@pytest.mark.parametrize(
+    "mechanism", ["none", "simple", "value", "additive", "stochastic"]
+)
 def test_refined_weights_are_causal_distributions(mechanism):
     torch.manual_seed(0)
     layer = RefinedSelfAttention(8, max_len=9, mechanism=mechanism).double()
     x = torch.randn(3, 7, 8, dtype=torch.float64)
     out, weights = layer(x)
     assert out.shape == (3, 7, 8) and weights.shape == (3, 7, 7)
-    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 7, dtype=torch.float64),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        weights.sum(-1), torch.ones(3, 7, dtype=torch.float64), atol=1e-12, rtol=0
+    )
     assert (weights.triu(1) == 0).all() and (weights >= 0).all()
     torch.testing.assert_close(out, weights @ layer.w_value(x), atol=1e-12, rtol=0)
     x2 = x.clone()
@@ -326,8 +401,9 @@ def test_refinement_none_is_plain_causal_attention():
     torch.manual_seed(1)
     layer = RefinedSelfAttention(8, max_len=6, mechanism="none").double()
     x = torch.randn(2, 6, 8, dtype=torch.float64)
-    expected = scaled_dot_product_attention(layer.w_query(x), layer.w_key(x), layer.w_value(x),
-                                            is_causal=True)
+    expected = scaled_dot_product_attention(
+        layer.w_query(x), layer.w_key(x), layer.w_value(x), is_causal=True
+    )
     torch.testing.assert_close(layer(x)[0], expected, atol=1e-12, rtol=0)
 
 

@@ -18,7 +18,11 @@ from ._checks import check_device, check_dtype, check_tensor
 def buffer_kind(dtype, device) -> tuple[torch.dtype, torch.device | None]:
     """A cache's checked ``(dtype, device)``: a floating dtype (default
     ``torch.get_default_dtype()``) and ``None`` or a device."""
-    dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype, floating=True)
+    dtype = (
+        torch.get_default_dtype()
+        if dtype is None
+        else check_dtype("dtype", dtype, floating=True)
+    )
     return dtype, check_device("device", device)
 
 
@@ -31,8 +35,9 @@ def zero_buffers(shape: tuple[int, ...], dtype, device) -> tuple[Tensor, Tensor]
     )
 
 
-def check_new_kv(key, value, layout: str, owner: str | None = None,
-                 stored: Tensor | None = None) -> None:
+def check_new_kv(
+    key, value, layout: str, owner: str | None = None, stored: Tensor | None = None
+) -> None:
     """New ``key`` and ``value``: floating tensors of shape ``layout`` (as ``"(b, h_kv, n, d)"``)
     and of one shape; with ``owner`` (``"the cache"``), of the dtype and device of ``stored``."""
     ndim = layout.count(",") + 1
@@ -42,9 +47,13 @@ def check_new_kv(key, value, layout: str, owner: str | None = None,
             raise ValueError(f"{name} must have shape {layout}, got {tuple(t.shape)}")
         if owner is not None:
             if t.dtype != stored.dtype:
-                raise TypeError(f"{owner} stores {stored.dtype}, got {name} of dtype {t.dtype}")
+                raise TypeError(
+                    f"{owner} stores {stored.dtype}, got {name} of dtype {t.dtype}"
+                )
             if t.device != stored.device:
-                raise ValueError(f"{owner} lives on {stored.device}, got {name} on {t.device}")
+                raise ValueError(
+                    f"{owner} lives on {stored.device}, got {name} on {t.device}"
+                )
     if key.shape != value.shape:
         raise ValueError(
             f"key and value must have the same shape, got {tuple(key.shape)} and "

@@ -48,7 +48,9 @@ def top_left_causal(i: int, j: int, device=None) -> Tensor:
     return torch.ones(i, j, dtype=torch.bool, device=device).tril()
 
 
-def masked_softmax(scores: Tensor, attn_mask: Tensor | None = None, dim: int = -1) -> Tensor:
+def masked_softmax(
+    scores: Tensor, attn_mask: Tensor | None = None, dim: int = -1
+) -> Tensor:
     """Softmax of ``scores`` along ``dim`` after applying ``attn_mask``; dead rows give zeros.
 
     ``attn_mask`` is boolean (**True = may attend**) or float (added to the scores) and
@@ -113,20 +115,25 @@ def _weights(query, key, attn_mask, is_causal, scale, enable_gqa) -> Tensor:
     return masked_softmax(scores, attn_mask)  # (..., h, i, j)
 
 
-def _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0):
+def _attention(
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p=0.0
+):
     """Unchecked core of :func:`scaled_dot_product_attention`: ``(output, weights)``.
 
     ``weights`` are the ``(..., h, i, j)`` weights before dropout.
     """
     weights = _weights(query, key, attn_mask, is_causal, scale, enable_gqa)
-    dropped = torch.dropout(weights, dropout_p, train=True) if dropout_p > 0.0 else weights
+    dropped = (
+        torch.dropout(weights, dropout_p, train=True) if dropout_p > 0.0 else weights
+    )
     if enable_gqa:
         value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
     return dropped @ value, weights  # (..., h, i, e), (..., h, i, j)
 
 
-def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
-                     finite: bool | None = None) -> Tensor:
+def _matmul_skipping(
+    weights: Tensor, value: Tensor, hidden: Tensor | None, finite: bool | None = None
+) -> Tensor:
     """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a NaN value.
 
     A zero weight times an infinite or NaN value is NaN, so a future value would reach
@@ -134,16 +141,19 @@ def _matmul_skipping(weights: Tensor, value: Tensor, hidden: Tensor | None,
     taken when ``value`` holds such numbers; ``finite`` says so when already known.)
     Shared by the sparse, linear and LSH kernels.
     """
-    if hidden is None or value.device.type == "meta" or (
-        finite if finite is not None else bool(torch.isfinite(value).all())
+    if (
+        hidden is None
+        or value.device.type == "meta"
+        or (finite if finite is not None else bool(torch.isfinite(value).all()))
     ):  # (a meta tensor has no values to look at: the shapes are the same either way)
         return weights @ value
     terms = weights.unsqueeze(-1) * value.unsqueeze(-3)  # (..., i, j, e)
     return terms.masked_fill(hidden.unsqueeze(-1), 0.0).sum(dim=-2)  # (..., i, e)
 
 
-def poisoned_rows(query: Tensor, key: Tensor, scale: float, enable_gqa: bool,
-                  block_size: int = 512) -> Tensor | None:
+def poisoned_rows(
+    query: Tensor, key: Tensor, scale: float, enable_gqa: bool, block_size: int = 512
+) -> Tensor | None:
     """``(..., h, i, 1)`` True for the queries with a NaN or ``+inf`` score against *any* key.
 
     The package's rule for non-finite scores, the one torch's
@@ -159,7 +169,12 @@ def poisoned_rows(query: Tensor, key: Tensor, scale: float, enable_gqa: bool,
     if d == 0 or j == 0 or query.numel() == 0 or query.device.type == "meta":
         return None
     with torch.no_grad():
-        bound = query.abs().amax().to(torch.float64) * key.abs().amax().to(torch.float64) * d * abs(scale)
+        bound = (
+            query.abs().amax().to(torch.float64)
+            * key.abs().amax().to(torch.float64)
+            * d
+            * abs(scale)
+        )
         if bool(bound < torch.finfo(query.dtype).max):  # False for NaN or inf
             return None
         if enable_gqa:
@@ -167,6 +182,8 @@ def poisoned_rows(query: Tensor, key: Tensor, scale: float, enable_gqa: bool,
         bad = None
         for j0 in range(0, j, block_size):
             s = (query @ key[..., j0 : j0 + block_size, :].transpose(-2, -1)) * scale
-            hit = (torch.isnan(s) | torch.isposinf(s)).any(dim=-1, keepdim=True)  # (..., i, 1)
+            hit = (torch.isnan(s) | torch.isposinf(s)).any(
+                dim=-1, keepdim=True
+            )  # (..., i, 1)
             bad = hit if bad is None else bad | hit
     return bad if bool(bad.any()) else None

@@ -63,7 +63,11 @@ def _check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
         raise ValueError(
             f"scaling accepts the keys 'type' (or 'rope_type') and 'factor', got {sorted(unknown)}"
         )
-    if "type" in scaling and "rope_type" in scaling and scaling["type"] != scaling["rope_type"]:
+    if (
+        "type" in scaling
+        and "rope_type" in scaling
+        and scaling["type"] != scaling["rope_type"]
+    ):
         raise ValueError(
             "scaling['type'] and its alias scaling['rope_type'] disagree: "
             f"{scaling['type']!r} and {scaling['rope_type']!r}"
@@ -75,7 +79,9 @@ def _check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
         raise ValueError(f"scaling of type {kind!r} needs a 'factor'")
     factor = check_positive("scaling['factor']", scaling["factor"])
     if kind == "ntk" and d == 2:  # d = None: checked again once the head size is known
-        raise ValueError("NTK scaling needs d >= 4: its exponent d / (d - 2) is undefined for d = 2")
+        raise ValueError(
+            "NTK scaling needs d >= 4: its exponent d / (d - 2) is undefined for d = 2"
+        )
     return kind, float(factor)
 
 
@@ -84,21 +90,32 @@ def _check_positions(
 ) -> Tensor:
     """Integer positions on ``like``'s device that broadcast to ``shape`` (named ``what``)."""
     check_tensor("positions", positions)
-    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+    if (
+        positions.is_floating_point()
+        or positions.is_complex()
+        or positions.dtype == torch.bool
+    ):
         raise TypeError(
             "positions must be an integer tensor (token indices), got "
             f"{positions.dtype}; to stretch positions use scaling={{'type': 'linear', ...}}"
         )
     check_same_device(positions=positions, **{like_name: like})
-    if broadcast_shapes(f"positions and {what}", tuple(positions.shape), shape) != shape:
-        raise ValueError(f"positions of shape {tuple(positions.shape)} must broadcast to {what} = {shape}")
+    if (
+        broadcast_shapes(f"positions and {what}", tuple(positions.shape), shape)
+        != shape
+    ):
+        raise ValueError(
+            f"positions of shape {tuple(positions.shape)} must broadcast to {what} = {shape}"
+        )
     return positions
 
 
 # ------------------------------------------------------------------ unchecked cores
 
 
-def _inv_freq(d: int, base: float, scaling: tuple[str, float] | None, device=None) -> Tensor:
+def _inv_freq(
+    d: int, base: float, scaling: tuple[str, float] | None, device=None
+) -> Tensor:
     """``(d/2,)`` float64 inverse frequencies ``base^(-2k/d)``, after ``scaling``."""
     if scaling is not None and scaling[0] == "ntk":
         base = base * scaling[1] ** (d / (d - 2))
@@ -113,17 +130,25 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     """Rotate each feature pair of ``x`` (..., n, d) by the angles whose cos/sin are (..., n, d/2)."""
     if interleaved:  # pairs (2k, 2k+1)
         x0, x1 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(
+            -2
+        )
     half = x.shape[-1] // 2  # pairs (k, k + d/2): Hugging Face's rotate_half layout
     x0, x1 = x[..., :half], x[..., half:]
     return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
 
 
 def _apply_rope(
-    x: Tensor, positions: Tensor, base: float, interleaved: bool, scaling: tuple[str, float] | None
+    x: Tensor,
+    positions: Tensor,
+    base: float,
+    interleaved: bool,
+    scaling: tuple[str, float] | None,
 ) -> Tensor:
     """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
-    angles = positions.to(torch.float64)[..., None] * _inv_freq(x.shape[-1], base, scaling, x.device)
+    angles = positions.to(torch.float64)[..., None] * _inv_freq(
+        x.shape[-1], base, scaling, x.device
+    )
     return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
@@ -137,7 +162,9 @@ def rotate(x, positions, base, interleaved, scaling) -> Tensor:
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)  # (n,)
     else:
-        positions = _check_positions(positions, tuple(x.shape[:-1]), x, "x", "x.shape[:-1]")
+        positions = _check_positions(
+            positions, tuple(x.shape[:-1]), x, "x", "x.shape[:-1]"
+        )
     return _apply_rope(x, positions, base, interleaved, scaling)
 
 
@@ -174,7 +201,9 @@ class RotaryConfig:
         object.__setattr__(self, "base", _check_base(self.base))
         check_bool("interleaved", self.interleaved)
         _check_scaling(self.scaling, None)
-        if self.scaling is not None:  # a private copy: the frozen config cannot change under us
+        if (
+            self.scaling is not None
+        ):  # a private copy: the frozen config cannot change under us
             object.__setattr__(self, "scaling", dict(self.scaling))
 
     def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -190,7 +219,9 @@ def rope_config(rope, owner: str, **legacy):
     about (``DeprecationWarning``). ``rope=None`` with none given is the default config.
     """
     if rope is not None and not isinstance(rope, RotaryConfig):
-        raise TypeError(f"rope must be a RotaryConfig or None, got {type(rope).__name__}")
+        raise TypeError(
+            f"rope must be a RotaryConfig or None, got {type(rope).__name__}"
+        )
     given = {name: fv for name, fv in legacy.items() if fv[1] is not None}
     if not given:
         return RotaryConfig() if rope is None else rope
@@ -207,7 +238,9 @@ def rope_config(rope, owner: str, **legacy):
         fields[field] = value
     warnings.warn(
         f"{owner}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} replaced by rope=RotaryConfig("
-        + ", ".join(f"{f}=..." for f in fields) + ")",
-        DeprecationWarning, stacklevel=3,
+        + ", ".join(f"{f}=..." for f in fields)
+        + ")",
+        DeprecationWarning,
+        stacklevel=3,
     )
     return RotaryConfig(**fields)

@@ -27,7 +27,9 @@ def _missing() -> str | None:
     if not (HTML / "book" / "index.html").exists():
         return f"no built book at {HTML}: run `make book` first"
     if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
-        return "Chromium not found: scripts/ensure_chromium.sh installs Debian's package"
+        return (
+            "Chromium not found: scripts/ensure_chromium.sh installs Debian's package"
+        )
     return None
 
 
@@ -44,9 +46,14 @@ def pytest_collection_modifyitems(config, items):
 def html_pages() -> list[Path]:
     """Every page of the book (the theme's generated search/index pages excluded)."""
     skip = {"search.html", "genindex.html"}
-    return sorted(p for p in HTML.rglob("*.html")
-                  if "_static" not in p.parts and "_sources" not in p.parts and p.name not in skip
-                  and p.relative_to(HTML).as_posix() != "index.html")  # a redirect stub
+    return sorted(
+        p
+        for p in HTML.rglob("*.html")
+        if "_static" not in p.parts
+        and "_sources" not in p.parts
+        and p.name not in skip
+        and p.relative_to(HTML).as_posix() != "index.html"
+    )  # a redirect stub
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -72,12 +79,21 @@ def browser():
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.fail("Chromium not found: scripts/ensure_chromium.sh installs Debian's package")
+        pytest.fail(
+            "Chromium not found: scripts/ensure_chromium.sh installs Debian's package"
+        )
     with sync_playwright() as p:
         b = p.chromium.launch(
             executable_path=exe,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         yield b
         b.close()
@@ -101,6 +117,11 @@ def offline_page(browser, server):
     page.errors = []  # uncaught script errors and console errors
     page.external = external
     page.on("pageerror", lambda e: page.errors.append(f"pageerror: {e}"))
-    page.on("console", lambda m: page.errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: (
+            page.errors.append(f"console: {m.text}") if m.type == "error" else None
+        ),
+    )
     yield page
     context.close()

@@ -31,11 +31,15 @@ def test_page_renders_offline(offline_page, server, path):
         "() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
         timeout=20_000,
     )
-    page.evaluate("() => window.MathJax ? window.MathJax.startup.promise.then(() => true) : true")
+    page.evaluate(
+        "() => window.MathJax ? window.MathJax.startup.promise.then(() => true) : true"
+    )
     n_math_sources = page.locator(".math, span.math, div.math").count()
     if n_math_sources:
         typeset = page.locator("mjx-container").count()
-        assert typeset >= n_math_sources, f"{typeset} typeset formulas for {n_math_sources} math blocks"
+        assert typeset >= n_math_sources, (
+            f"{typeset} typeset formulas for {n_math_sources} math blocks"
+        )
         assert page.locator("mjx-merror").count() == 0, "MathJax reported a TeX error"
         assert page.locator("text=\\frac").count() == 0
     broken = page.evaluate(
@@ -71,7 +75,11 @@ def _parse(path: Path) -> _Links:
 
 
 def test_internal_links_and_anchors_resolve():
-    parsed = {path: _parse(path) for path in HTML.rglob("*.html") if "_static" not in path.parts}
+    parsed = {
+        path: _parse(path)
+        for path in HTML.rglob("*.html")
+        if "_static" not in path.parts
+    }
     dead = []
     for path, links in parsed.items():
         for href in links.hrefs:

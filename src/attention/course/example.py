@@ -1,14 +1,14 @@
-"""The course's running example: one sentence, embedded by a real model (chapters 01-08).
+"""The course's running example: one sentence, embedded by a real model (chapters 1-8).
 
 "The animal didn't cross the street because it was too tired": which word should "it"
-attend to? Chapters 01-08 follow this one sentence. Its word pieces and vectors come from
+attend to? Chapters 1-8 follow this one sentence. Its word pieces and vectors come from
 all-MiniLM-L6-v2 (a small BERT-style encoder, hidden size 384, 6 layers, 12 heads of size
 32), loaded offline from safetensors by :func:`attention.load_minilm`:
 
-- chapters 01-04 use the **token embeddings** (rows of the model's input embedding
+- chapters 1-4 use the **token embeddings** (rows of the model's input embedding
   table: what a word piece is before any context or position) and the **query, key and
   value vectors** of one layer, computed by the model's own projections;
-- chapters 05-08 use the same sentence for self-attention, heads and positions
+- chapters 5-8 use the same sentence for self-attention, heads and positions
   (the layer inputs ``hidden_states`` carry position and context).
 
 The model's own attention maps of the sentence (every layer and head, ``[CLS]`` and
@@ -115,7 +115,9 @@ class RunningExample:
         return q, k, v
 
 
-def running_example(model=None, tokenizer=None, *, special_tokens: bool = False) -> RunningExample:
+def running_example(
+    model=None, tokenizer=None, *, special_tokens: bool = False
+) -> RunningExample:
     """The running example "The animal didn't cross the street because it was too tired".
 
     Tokenises the sentence with all-MiniLM-L6-v2's tokenizer and reads its token
@@ -155,14 +157,18 @@ def running_example(model=None, tokenizer=None, *, special_tokens: bool = False)
             f"tokenizer={'None' if tokenizer is None else type(tokenizer).__name__}"
         )
     if not isinstance(special_tokens, bool):
-        raise TypeError(f"special_tokens must be a bool, got {type(special_tokens).__name__}")
+        raise TypeError(
+            f"special_tokens must be a bool, got {type(special_tokens).__name__}"
+        )
     if model is None:
         model, tokenizer = load_minilm()
     encoded = tokenizer(RUNNING_SENTENCE, return_tensors="pt")
     ids = encoded["input_ids"][0]  # (n + 2,) with [CLS] and [SEP]
     with torch.no_grad():
         out = model(**encoded, output_hidden_states=True)
-        hidden = torch.stack(out.hidden_states, dim=0)[:, 0]  # (num_layers + 1, n + 2, embed_dim)
+        hidden = torch.stack(out.hidden_states, dim=0)[
+            :, 0
+        ]  # (num_layers + 1, n + 2, embed_dim)
         embeddings = model.embeddings.word_embeddings(ids)  # (n + 2, embed_dim)
     keep = slice(None) if special_tokens else slice(1, -1)
     ids = ids[keep]

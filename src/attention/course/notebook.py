@@ -4,7 +4,7 @@
 asserts that two results agree within a stated tolerance and prints that tolerance, never
 the measured rounding error: the last bits of a sum depend on the CPU, the BLAS code path,
 the thread count and flush-to-zero, so a printed ``6.66e-16`` is an accident of one
-machine, while "agree within 1e-12" is a claim that holds on every machine.
+machine, while "within 1e-12" is a claim that holds on every machine.
 """
 
 from __future__ import annotations
@@ -59,15 +59,17 @@ def _fmt(x: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0) -> None:
+def report_close(
+    name: str, actual, expected, *, atol: float, rtol: float = 0.0
+) -> None:
     """Assert that ``actual`` and ``expected`` agree within a tolerance, and print the tolerance.
 
     Elementwise, ``|actual - expected| <= atol + rtol * |expected|`` must hold, with NaN
     agreeing only with NaN at the same place and infinities only with the same infinity
     (as ``torch.testing.assert_close(..., equal_nan=True)``). What is printed is the
-    bound that was asserted, e.g. ``softmax vs torch: agree within 1e-12``, so the line is
-    the same on every machine; ``atol=rtol=0`` asserts exact equality and prints "agree
-    exactly" (use it only where exactness holds by construction, not for sums).
+    bound that was asserted, in one compact line, e.g. ``✓ softmax vs torch: within 1e-12``,
+    so the line is the same on every machine; ``atol=rtol=0`` asserts exact equality and
+    prints "exact" (use it only where exactness holds by construction, not for sums).
 
     Args:
         name: what is compared, as the reader should see it.
@@ -84,7 +86,7 @@ def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0)
         >>> from attention import report_close
         >>> x = torch.tensor([1.0, 2.0], dtype=torch.float64)
         >>> report_close("x + 0 vs x", x + 0.0, x, atol=1e-12)
-        x + 0 vs x: agree within 1e-12
+        ✓ x + 0 vs x: within 1e-12
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
@@ -95,12 +97,30 @@ def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0)
             raise ValueError(f"{label} must be finite and >= 0, got {tol}")
     # Python numbers and NumPy arrays are taken at float64, so nothing is lost before
     # the comparison (torch.as_tensor would make a Python float float32).
-    a = actual.detach().to("cpu") if isinstance(actual, torch.Tensor) else torch.as_tensor(
-        np.asarray(actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64))
-    e = expected.detach().to("cpu") if isinstance(expected, torch.Tensor) else torch.as_tensor(
-        np.asarray(expected, dtype=np.complex128 if np.iscomplexobj(expected) else np.float64))
+    a = (
+        actual.detach().to("cpu")
+        if isinstance(actual, torch.Tensor)
+        else torch.as_tensor(
+            np.asarray(
+                actual, dtype=np.complex128 if np.iscomplexobj(actual) else np.float64
+            )
+        )
+    )
+    e = (
+        expected.detach().to("cpu")
+        if isinstance(expected, torch.Tensor)
+        else torch.as_tensor(
+            np.asarray(
+                expected,
+                dtype=np.complex128 if np.iscomplexobj(expected) else np.float64,
+            )
+        )
+    )
     if a.is_complex() or e.is_complex():
-        a, e = torch.view_as_real(a.to(torch.complex128)), torch.view_as_real(e.to(torch.complex128))
+        a, e = (
+            torch.view_as_real(a.to(torch.complex128)),
+            torch.view_as_real(e.to(torch.complex128)),
+        )
     a, e = a.to(torch.float64), e.to(torch.float64)
     try:
         a, e = torch.broadcast_tensors(a, e)
@@ -125,13 +145,14 @@ def report_close(name: str, actual, expected, *, atol: float, rtol: float = 0.0)
             f"(actual {float(a.flatten()[idx])!r}, expected {float(e.flatten()[idx])!r})"
         )
     if atol == 0 and rtol == 0:
-        print(f"{name}: agree exactly")
+        bound = "exact"
     elif rtol == 0:
-        print(f"{name}: agree within {_fmt(atol)}")
+        bound = f"within {_fmt(atol)}"
     elif atol == 0:
-        print(f"{name}: agree within a relative {_fmt(rtol)}")
+        bound = f"within {_fmt(rtol)} relative"
     else:
-        print(f"{name}: agree within {_fmt(atol)} + {_fmt(rtol)}·|expected|")
+        bound = f"within {_fmt(atol)} + {_fmt(rtol)}·|expected|"
+    print(f"✓ {name}: {bound}")
 
 
 def load_benchmark(name: str) -> dict:
@@ -154,9 +175,13 @@ def load_benchmark(name: str) -> dict:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     folder = resources.files("attention") / "benchmark_results"
-    available = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    available = sorted(
+        p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json")
+    )
     if name not in available:
-        raise ValueError(f"no saved benchmark named {name!r}; available: {', '.join(available)}")
+        raise ValueError(
+            f"no saved benchmark named {name!r}; available: {', '.join(available)}"
+        )
     return json.loads((folder / f"{name}.json").read_text())
 
 
@@ -165,7 +190,9 @@ def _load_readings(result: dict) -> tuple[float | None, float | None]:
     st = result.get("stamp", {})
     if "load_1min_before" in st or "load_1min_after" in st:
         return st.get("load_1min_before"), st.get("load_1min_after")
-    load = result.get("load_average")  # older results: [before, after] or os.getloadavg()
+    load = result.get(
+        "load_average"
+    )  # older results: [before, after] or os.getloadavg()
     if isinstance(load, (list, tuple)) and load:
         return load[0], (load[1] if len(load) == 2 else None)
     return None, None
@@ -194,22 +221,32 @@ def benchmark_machine(result) -> str:
     if isinstance(result, str):
         result = load_benchmark(result)
     if not isinstance(result, dict):
-        raise TypeError(f"result must be a benchmark name or a loaded result, got {type(result).__name__}")
+        raise TypeError(
+            f"result must be a benchmark name or a loaded result, got {type(result).__name__}"
+        )
     st = result.get("stamp")
     if not isinstance(st, dict):
-        raise ValueError("the result has no 'stamp': it was not saved by a benchmark script")
+        raise ValueError(
+            "the result has no 'stamp': it was not saved by a benchmark script"
+        )
     threads = st.get("threads")
     parts = [str(st.get("cpu", "unknown CPU")), f"{st.get('cores', '?')} cores"]
     text = f"{threads} thread{'' if threads == 1 else 's'}"
     if "memory_threads" in st:
         text += f" (memory: {st['memory_threads']})"
     parts.append(text)
-    policy = st.get("omp_wait_policy") or result.get("config", {}).get("omp_wait_policy")
+    policy = st.get("omp_wait_policy") or result.get("config", {}).get(
+        "omp_wait_policy"
+    )
     if policy:
         parts.append(f"OpenMP {str(policy).lower()}")
     parts.append(f"torch {st.get('torch', '?')}")
     when = st.get("datetime")
-    parts.append(when.replace("T", " ").replace("Z", " UTC") if when else str(st.get("date", "undated")))
+    parts.append(
+        when.replace("T", " ").replace("Z", " UTC")
+        if when
+        else str(st.get("date", "undated"))
+    )
     before, after = _load_readings(result)
     if before is None and after is None:
         parts.append("load not recorded")
@@ -218,7 +255,8 @@ def benchmark_machine(result) -> str:
         quiet = result.get("quiet", st.get("quiet"))
         if quiet is None and isinstance(st.get("cores"), int):
             quiet = all(x is None or x <= st["cores"] for x in (before, after))
-        parts.append(f"load {fmt(before)} -> {fmt(after)}" + ("" if quiet is None else
-                                                                (" (quiet)" if quiet else " (NOT quiet)")))
+        parts.append(
+            f"load {fmt(before)} -> {fmt(after)}"
+            + ("" if quiet is None else (" (quiet)" if quiet else " (NOT quiet)"))
+        )
     return ", ".join(parts)
-

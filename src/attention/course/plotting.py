@@ -55,9 +55,13 @@ MAX_COLUMNS = 3
 
 _MAX_CELL = 0.45  # inches: a 3 x 3 matrix is not drawn a foot wide
 _MATRIX_WIDTH = 5.2  # inches of the figure's width a single matrix may take
-_MATRIX_HEIGHT = 4.4  # inches of height for the matrices of a figure, whatever their size
+_MATRIX_HEIGHT = (
+    4.4  # inches of height for the matrices of a figure, whatever their size
+)
 _ANNOTATE_MAX = 12  # annotate matrices up to this many rows and columns
-_ANNOTATE_MIN_FONT = 6.5  # points: smaller annotations are not readable, so none are drawn
+_ANNOTATE_MIN_FONT = (
+    6.5  # points: smaller annotations are not readable, so none are drawn
+)
 
 
 def use_course_style() -> None:
@@ -80,15 +84,21 @@ def use_course_style() -> None:
 def _as_tensor(weights, name: str) -> Tensor:
     """A tensor with values to draw: a tensor, an array or nested lists of numbers."""
     if weights is None or isinstance(weights, (str, bytes)):
-        raise TypeError(f"{name} must be a tensor or an array of numbers, got {type(weights).__name__}")
+        raise TypeError(
+            f"{name} must be a tensor or an array of numbers, got {type(weights).__name__}"
+        )
     if not isinstance(weights, Tensor):
         try:
             weights = torch.as_tensor(weights)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"{name} must be a tensor or an array of numbers, got "
-                            f"{type(weights).__name__}") from err
+            raise TypeError(
+                f"{name} must be a tensor or an array of numbers, got "
+                f"{type(weights).__name__}"
+            ) from err
     if weights.device.type == "meta":
-        raise ValueError(f"{name} is a meta tensor: it has a shape but no values to draw")
+        raise ValueError(
+            f"{name} is a meta tensor: it has a shape but no values to draw"
+        )
     if weights.is_complex():
         raise TypeError(f"{name} must be real, got {weights.dtype}")
     return weights
@@ -103,13 +113,17 @@ def _check_labels(name: str, labels, n: int) -> None:
             f"{name} must be a sequence of strings, one per position, got {type(labels).__name__}"
         )
     if len(labels) != n:
-        raise ValueError(f"{name} must have one label per position: {n} positions, got {len(labels)} labels")
+        raise ValueError(
+            f"{name} must have one label per position: {n} positions, got {len(labels)} labels"
+        )
 
 
 def _as_matrix(weights, name: str) -> Tensor:
     weights = _as_tensor(weights, name)
     if weights.dim() != 2:
-        raise ValueError(f"{name} must be a 2-D (i, j) matrix, got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"{name} must be a 2-D (i, j) matrix, got shape {tuple(weights.shape)}"
+        )
     return weights.detach().to("cpu", torch.float64)
 
 
@@ -146,7 +160,9 @@ def _label_width_inches(labels: Sequence[str], fontsize: float) -> float:
     return max((len(str(s)) for s in labels), default=0) * 0.6 * fontsize / 72
 
 
-def _set_ticks(ax, n: int, labels: Sequence[str] | None, axis: str, cell: float) -> None:
+def _set_ticks(
+    ax, n: int, labels: Sequence[str] | None, axis: str, cell: float
+) -> None:
     """Ticks on one axis of a matrix: integers, all of them up to MAX_TICKS, then thinned.
 
     Key (x) labels are rotated only when the widest would overlap its neighbour.
@@ -157,7 +173,8 @@ def _set_ticks(ax, n: int, labels: Sequence[str] | None, axis: str, cell: float)
             setter(range(n))
         else:
             (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(
-                MaxNLocator(nbins=8, integer=True, min_n_ticks=3))
+                MaxNLocator(nbins=8, integer=True, min_n_ticks=3)
+            )
         return
     labels = [str(s) for s in labels]
     if len(labels) != n:
@@ -169,7 +186,9 @@ def _set_ticks(ax, n: int, labels: Sequence[str] | None, axis: str, cell: float)
         ax.set_yticks(where, shown)
         return
     fontsize = mpl.rcParams["xtick.labelsize"]
-    fontsize = fontsize if isinstance(fontsize, (int, float)) else mpl.rcParams["font.size"]
+    fontsize = (
+        fontsize if isinstance(fontsize, (int, float)) else mpl.rcParams["font.size"]
+    )
     if _label_width_inches(shown, fontsize) > 0.9 * cell * step:
         ax.set_xticks(where, shown, rotation=45, ha="right", rotation_mode="anchor")
     else:
@@ -191,16 +210,41 @@ def _annotate(ax, im, w: Tensor, cell: float) -> None:
             red, green, blue, _ = im.cmap(im.norm(v))
             light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5
             text = f"{v:.2f}" if round(v, 2) != 0 else "0.00"  # no "-0.00"
-            ax.text(c, r, text, ha="center", va="center", fontsize=fontsize,
-                    color="black" if light else "white")
+            ax.text(
+                c,
+                r,
+                text,
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="black" if light else "white",
+            )
 
 
-def _matrix_panel(ax, w: Tensor, query_labels, key_labels, *, title, vmin, vmax, cmap,
-                  annotate, xlabel, ylabel):
+def _matrix_panel(
+    ax,
+    w: Tensor,
+    query_labels,
+    key_labels,
+    *,
+    title,
+    vmin,
+    vmax,
+    cmap,
+    annotate,
+    xlabel,
+    ylabel,
+):
     """Draw one ``(i, j)`` matrix on ``ax`` with capped ticks and scaled annotations."""
     n_rows, n_cols = w.shape
-    im = ax.imshow(w.numpy(), vmin=vmin, vmax=vmax, cmap=cmap,
-                   aspect=_aspect(n_rows, n_cols), interpolation="nearest")
+    im = ax.imshow(
+        w.numpy(),
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
+        aspect=_aspect(n_rows, n_cols),
+        interpolation="nearest",
+    )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -216,9 +260,14 @@ def _matrix_figsize(n_rows: int, n_cols: int, *, extra_w: float, extra_h: float)
     """Size of a figure holding one matrix: square cells of capped size, within the column."""
     cell = min(_MAX_CELL, _MATRIX_WIDTH / n_cols, _MATRIX_HEIGHT / n_rows)
     if _aspect(n_rows, n_cols) == "auto":  # an elongated matrix: fill a readable strip
-        return (min(MAX_FIGURE_WIDTH, max(3.5, n_cols * cell + extra_w)),
-                max(1.8, min(_MATRIX_HEIGHT, n_rows * cell) + extra_h))
-    return (min(MAX_FIGURE_WIDTH, max(3.5, n_cols * cell + extra_w)), n_rows * cell + extra_h)
+        return (
+            min(MAX_FIGURE_WIDTH, max(3.5, n_cols * cell + extra_w)),
+            max(1.8, min(_MATRIX_HEIGHT, n_rows * cell) + extra_h),
+        )
+    return (
+        min(MAX_FIGURE_WIDTH, max(3.5, n_cols * cell + extra_w)),
+        n_rows * cell + extra_h,
+    )
 
 
 def plot_attention(
@@ -274,12 +323,27 @@ def plot_attention(
         import matplotlib.pyplot as plt  # here, so `import attention` stays light
 
         _, ax = plt.subplots(
-            figsize=_matrix_figsize(n_rows, n_cols, extra_w=1.3 + label_w + 1.0 * colorbar,
-                                    extra_h=1.2 + 0.5 * (key_labels is not None)),
-            constrained_layout=True)
-    im = _matrix_panel(ax, w, query_labels, key_labels, title=title, vmin=vmin, vmax=vmax,
-                       cmap=cmap, annotate=annotate, xlabel="key position j (attended)",
-                       ylabel="query position i (attending)")
+            figsize=_matrix_figsize(
+                n_rows,
+                n_cols,
+                extra_w=1.3 + label_w + 1.0 * colorbar,
+                extra_h=1.2 + 0.5 * (key_labels is not None),
+            ),
+            constrained_layout=True,
+        )
+    im = _matrix_panel(
+        ax,
+        w,
+        query_labels,
+        key_labels,
+        title=title,
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
+        annotate=annotate,
+        xlabel="key position j (attended)",
+        ylabel="query position i (attending)",
+    )
     if colorbar:
         ax.figure.colorbar(im, ax=ax, label=cbar_label, shrink=0.9)
     return ax
@@ -287,8 +351,14 @@ def plot_attention(
 
 def _mask_panel(ax, m: Tensor, *, title, query_labels=None, key_labels=None):
     n_rows, n_cols = m.shape
-    ax.imshow(m.numpy(), cmap="Greys", vmin=0, vmax=1, aspect=_aspect(n_rows, n_cols),
-              interpolation="nearest")
+    ax.imshow(
+        m.numpy(),
+        cmap="Greys",
+        vmin=0,
+        vmax=1,
+        aspect=_aspect(n_rows, n_cols),
+        interpolation="nearest",
+    )
     for spine in ax.spines.values():  # blocked cells are white: keep the frame visible
         spine.set_visible(True)
     ax.set_xlabel("key position j")
@@ -324,8 +394,10 @@ def plot_mask(mask: Tensor, *, ax=None, title: str = "Mask (True = may attend)")
     if ax is None:
         import matplotlib.pyplot as plt  # here, so `import attention` stays light
 
-        _, ax = plt.subplots(figsize=_matrix_figsize(*m.shape, extra_w=1.3, extra_h=1.1),
-                             constrained_layout=True)
+        _, ax = plt.subplots(
+            figsize=_matrix_figsize(*m.shape, extra_w=1.3, extra_h=1.1),
+            constrained_layout=True,
+        )
     _mask_panel(ax, m, title=title)
     return ax
 
@@ -376,7 +448,9 @@ def plot_grid(
     """
     if isinstance(matrices, Tensor):
         if matrices.dim() != 3:
-            raise ValueError(f"a tensor of matrices must be (h, i, j), got shape {tuple(matrices.shape)}")
+            raise ValueError(
+                f"a tensor of matrices must be (h, i, j), got shape {tuple(matrices.shape)}"
+            )
         matrices = list(matrices)
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
         raise ValueError(f"ncols must be an int >= 1, got {ncols!r}")
@@ -386,7 +460,7 @@ def plot_grid(
     if titles is not None and len(titles) != len(mats):
         raise ValueError(f"got {len(titles)} titles for {len(mats)} matrices")
     ncols = min(ncols, MAX_COLUMNS, len(mats))
-    rows = [mats[r:r + ncols] for r in range(0, len(mats), ncols)]
+    rows = [mats[r : r + ncols] for r in range(0, len(mats), ncols)]
     vmin, vmax = _colour_range(mats, vmin, vmax)
 
     # One cell size for the whole figure: the widest row of panels and the tallest stack
@@ -397,17 +471,31 @@ def plot_grid(
     widest = max(sum(m.shape[1] for m in row) for row in rows)
     avail_w = MAX_FIGURE_WIDTH - extra_w - per_panel_w * ncols
     tallest = sum(max(m.shape[0] for m in row) for row in rows)
-    cell = min(_MAX_CELL, avail_w / widest, _MATRIX_HEIGHT * (1 + 0.25 * (len(rows) - 1)) / tallest)
+    cell = min(
+        _MAX_CELL,
+        avail_w / widest,
+        _MATRIX_HEIGHT * (1 + 0.25 * (len(rows) - 1)) / tallest,
+    )
     width_ratios = [max(m.shape[1] for m in mats[c::ncols]) for c in range(ncols)]
     height_ratios = [max(m.shape[0] for m in row) for row in rows]
     per_row_h = 1.3 + 0.45 * (key_labels is not None) + 0.25 * (titles is not None)
-    fig_w = min(MAX_FIGURE_WIDTH, sum(width_ratios) * cell + per_panel_w * ncols + extra_w)
-    fig_h = sum(height_ratios) * cell + per_row_h * len(rows) + 0.4 * (title is not None)
+    fig_w = min(
+        MAX_FIGURE_WIDTH, sum(width_ratios) * cell + per_panel_w * ncols + extra_w
+    )
+    fig_h = (
+        sum(height_ratios) * cell + per_row_h * len(rows) + 0.4 * (title is not None)
+    )
     import matplotlib.pyplot as plt  # here, so `import attention` stays light
 
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(fig_w, fig_h), squeeze=False,
-                             width_ratios=width_ratios, height_ratios=height_ratios,
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        len(rows),
+        ncols,
+        figsize=(fig_w, fig_h),
+        squeeze=False,
+        width_ratios=width_ratios,
+        height_ratios=height_ratios,
+        constrained_layout=True,
+    )
     drawn, im = [], None
     for n, ax in enumerate(axes.flat):
         if n >= len(mats):
@@ -415,11 +503,27 @@ def plot_grid(
             continue
         name = titles[n] if titles is not None else ""
         if mask:
-            _mask_panel(ax, mats[n], title=name, query_labels=query_labels, key_labels=key_labels)
+            _mask_panel(
+                ax,
+                mats[n],
+                title=name,
+                query_labels=query_labels,
+                key_labels=key_labels,
+            )
         else:
-            im = _matrix_panel(ax, mats[n], query_labels, key_labels, title=name, vmin=vmin,
-                               vmax=vmax, cmap=cmap, annotate=annotate,
-                               xlabel="key position j", ylabel="query position i")
+            im = _matrix_panel(
+                ax,
+                mats[n],
+                query_labels,
+                key_labels,
+                title=name,
+                vmin=vmin,
+                vmax=vmax,
+                cmap=cmap,
+                annotate=annotate,
+                xlabel="key position j",
+                ylabel="query position i",
+            )
         ax.set_anchor("N")  # panels of fewer rows hang from the same top line
         if n % ncols:
             ax.set_ylabel("")
@@ -427,7 +531,9 @@ def plot_grid(
             ax.set_xlabel("")
         drawn.append(ax)
     if im is not None:
-        fig.colorbar(im, ax=drawn, label=cbar_label, shrink=0.85 if len(rows) > 1 else 0.95)
+        fig.colorbar(
+            im, ax=drawn, label=cbar_label, shrink=0.85 if len(rows) > 1 else 0.95
+        )
     if title is not None:
         fig.suptitle(title)
     return fig
@@ -468,12 +574,26 @@ def plot_heads(
         raise ValueError(f"weights must be (h, i, j), got shape {tuple(weights.shape)}")
     h = weights.shape[0]
     if head_names is not None:
-        if isinstance(head_names, (str, bytes, Tensor)) or not isinstance(head_names, Sequence):
-            raise TypeError(f"head_names must be a sequence of strings, got {type(head_names).__name__}")
+        if isinstance(head_names, (str, bytes, Tensor)) or not isinstance(
+            head_names, Sequence
+        ):
+            raise TypeError(
+                f"head_names must be a sequence of strings, got {type(head_names).__name__}"
+            )
         if len(head_names) != h:
-            raise ValueError(f"head_names must have one name per head: {h} heads, got {len(head_names)} names")
+            raise ValueError(
+                f"head_names must have one name per head: {h} heads, got {len(head_names)} names"
+            )
     _check_labels("query_labels", query_labels, weights.shape[1])
     _check_labels("key_labels", key_labels, weights.shape[2])
-    names = list(head_names) if head_names is not None else [f"head {n}" for n in range(h)]
-    return plot_grid(list(weights), names, query_labels=query_labels, key_labels=key_labels,
-                     ncols=ncols, title=title)
+    names = (
+        list(head_names) if head_names is not None else [f"head {n}" for n in range(h)]
+    )
+    return plot_grid(
+        list(weights),
+        names,
+        query_labels=query_labels,
+        key_labels=key_labels,
+        ncols=ncols,
+        title=title,
+    )

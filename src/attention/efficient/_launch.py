@@ -1,4 +1,4 @@
-"""Run a function on P local processes joined in a gloo process group (chapter 14).
+"""Run a function on P local processes joined in a gloo process group (chapter 15).
 
 Kept apart from ``distributed.py``: this is plumbing (process start-up, a rendezvous
 store, time limits, clean-up), not attention. Every process is started with
@@ -26,7 +26,9 @@ from .._checks import check_int
 __all__ = ["run_distributed"]
 
 
-def _worker(rank: int, world_size: int, port: int, payload: bytes, results, timeout: float) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, payload: bytes, results, timeout: float
+) -> None:
     """Entry point of one process: join the group, run the function, report back."""
     try:
         torch.set_num_threads(1)  # P processes share the machine's cores
@@ -35,7 +37,9 @@ def _worker(rank: int, world_size: int, port: int, payload: bytes, results, time
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         limit = datetime.timedelta(seconds=timeout)
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=limit)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=limit)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=limit
+        )
         fn, args = pickle.loads(payload)
         value = fn(rank, world_size, *args)
         report = ("ok", rank, pickle.dumps(value if rank == 0 else None))
@@ -44,7 +48,11 @@ def _worker(rank: int, world_size: int, port: int, payload: bytes, results, time
             exc = pickle.dumps(err)
         except Exception:
             exc = None
-        report = ("error", rank, (exc, type(err).__name__, str(err), traceback.format_exc()))
+        report = (
+            "error",
+            rank,
+            (exc, type(err).__name__, str(err), traceback.format_exc()),
+        )
     # Report before leaving the group: leaving closes the connections, and the other ranks'
     # "connection closed" errors must not arrive before the cause.
     results.put(report)
@@ -103,17 +111,27 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     world_size = check_int("world_size", world_size, minimum=1)
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not timeout > 0
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds, got {timeout!r}"
+        )
     main = sys.modules.get("__main__")
-    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(
+        main, "__file__", None
+    ):
         raise TypeError(
             f"fn must be importable by the spawned processes, but {fn.__qualname__!r} was defined "
             "interactively (a notebook cell or the REPL): define it in a module"
         )
     try:
         payload = pickle.dumps((fn, args))
-        pickle.loads(payload)  # what the processes will do: fails for a function not importable
+        pickle.loads(
+            payload
+        )  # what the processes will do: fails for a function not importable
     except Exception as err:
         raise TypeError(
             f"fn and args must be picklable and fn importable by name (a module-level function), "
@@ -121,11 +139,17 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
         ) from None
     timeout = float(timeout)
     limit = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=limit, wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, timeout=limit, wait_for_workers=False
+    )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     processes = [
-        ctx.Process(target=_worker, args=(r, world_size, store.port, payload, results, timeout), daemon=True)
+        ctx.Process(
+            target=_worker,
+            args=(r, world_size, store.port, payload, results, timeout),
+            daemon=True,
+        )
         for r in range(world_size)
     ]
     deadline = time.monotonic() + timeout
@@ -167,7 +191,9 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
             if not isinstance(err, BaseException):
                 err = RuntimeError(f"rank {rank} raised {name}: {message}")
             if hasattr(err, "add_note"):  # Python >= 3.11
-                err.add_note(f"raised on rank {rank} of {world_size}; its traceback:\n{remote}")
+                err.add_note(
+                    f"raised on rank {rank} of {world_size}; its traceback:\n{remote}"
+                )
             raise err
         return value
     finally:

@@ -31,13 +31,17 @@ def _window_bounds(window, i: int, j: int) -> tuple[int, int]:
         )
     limit = max(i, j)
     left, right = (
-        limit if side is None else min(check_size(f"window {name}", side, minimum=0), limit)
+        limit
+        if side is None
+        else min(check_size(f"window {name}", side, minimum=0), limit)
         for name, side in zip(("left", "right"), sides, strict=True)
     )
     return left, right
 
 
-def _causal_bounds(left: int, right: int, is_causal: bool, i: int, j: int) -> tuple[int, int]:
+def _causal_bounds(
+    left: int, right: int, is_causal: bool, i: int, j: int
+) -> tuple[int, int]:
     """Apply ``is_causal`` (no key after the query) to the window bounds."""
     if not is_causal:
         return left, right
@@ -52,7 +56,9 @@ def _causal_bounds(left: int, right: int, is_causal: bool, i: int, j: int) -> tu
 def _check_layout(layout) -> None:
     check_tensor("layout", layout)
     if layout.dtype != torch.bool:
-        raise TypeError(f"layout must be boolean (True = block computed), got {layout.dtype}")
+        raise TypeError(
+            f"layout must be boolean (True = block computed), got {layout.dtype}"
+        )
     if layout.dim() != 2:
         raise ValueError(
             f"layout must be a 2-D (query blocks, key blocks) matrix, got shape {tuple(layout.shape)}"
@@ -61,7 +67,10 @@ def _check_layout(layout) -> None:
 
 def _check_layout_fits(layout: Tensor, block_size: int, i: int, j: int) -> None:
     """The layout must have exactly ``ceil(i / B)`` rows and ``ceil(j / B)`` columns."""
-    for name, length, blocks in (("query", i, layout.shape[0]), ("key", j, layout.shape[1])):
+    for name, length, blocks in (
+        ("query", i, layout.shape[0]),
+        ("key", j, layout.shape[1]),
+    ):
         if -(-length // block_size) != blocks:
             raise ValueError(
                 f"layout has {blocks} {name} blocks but {length} {name} positions with "

@@ -1,4 +1,4 @@
-"""The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 14).
+"""The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 15).
 
 Private to :mod:`attention.efficient.distributed`, which validates the inputs, builds the schedule
 and calls :class:`_RingAttention`. Shapes: query ``(..., n_local, d)``, key
@@ -21,8 +21,12 @@ from ._tiled import _backward, _forward
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
     """Merge a block's partial ``(out_b, lse_b)`` into ``(out, lse)`` in place, by log-sum-exp."""
     new = torch.logaddexp(lse, lse_b)  # (..., i)
-    safe = torch.where(torch.isneginf(new), 0.0, new)  # rows with no visible key so far: weights 0
-    out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(out_b * torch.exp(lse_b - safe).unsqueeze(-1))
+    safe = torch.where(
+        torch.isneginf(new), 0.0, new
+    )  # rows with no visible key so far: weights 0
+    out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(
+        out_b * torch.exp(lse_b - safe).unsqueeze(-1)
+    )
     lse.copy_(new)
 
 
@@ -40,8 +44,18 @@ class _Ring:
 
     def exchange(self, send: list[Tensor], recv: list[Tensor], tag: int) -> list:
         """Start sending ``send`` to the next rank and receiving ``recv`` from the previous one."""
-        ops = [dist.P2POp(dist.isend, t, group=self.group, group_peer=self.next, tag=tag + k) for k, t in enumerate(send)]
-        ops += [dist.P2POp(dist.irecv, t, group=self.group, group_peer=self.prev, tag=tag + k) for k, t in enumerate(recv)]
+        ops = [
+            dist.P2POp(
+                dist.isend, t, group=self.group, group_peer=self.next, tag=tag + k
+            )
+            for k, t in enumerate(send)
+        ]
+        ops += [
+            dist.P2POp(
+                dist.irecv, t, group=self.group, group_peer=self.prev, tag=tag + k
+            )
+            for k, t in enumerate(recv)
+        ]
         return dist.batch_isend_irecv(ops) if ops else []
 
 
@@ -55,14 +69,18 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, ring, scale, block_size):
-        batch = broadcast_shapes("batch dims", query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        batch = broadcast_shapes(
+            "batch dims", query.shape[:-2], key.shape[:-2], value.shape[:-2]
+        )
         opts = {"dtype": query.dtype, "device": query.device}
         out = torch.zeros((*batch, query.shape[-2], value.shape[-1]), **opts)
         lse = torch.full((*batch, query.shape[-2]), -math.inf, **opts)
         k_cur, v_cur = key.contiguous(), value.contiguous()
         for t, step in enumerate(ring.steps):
             works, k_next, v_next = [], None, None
-            if t < ring.world_size - 1:  # prefetch the next block while this one is computed
+            if (
+                t < ring.world_size - 1
+            ):  # prefetch the next block while this one is computed
                 k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
             for qa, kb, diagonal in step:
@@ -89,7 +107,9 @@ class _RingAttention(torch.autograd.Function):
             if t < ring.world_size - 1:
                 k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 kv_works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
-            if t > 0:  # the accumulators of the block held now, from the rank that held it before
+            if (
+                t > 0
+            ):  # the accumulators of the block held now, from the rank that held it before
                 dk_acc, dv_acc = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 acc_works = ring.exchange([], [dk_acc, dv_acc], tag=2)
             dk_part, dv_part = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
@@ -104,14 +124,20 @@ class _RingAttention(torch.autograd.Function):
             if t > 0:
                 dk_part += dk_acc
                 dv_part += dv_acc
-            if ring.world_size > 1:  # pass them on; after the last step the next rank is their owner
-                sends.append((ring.exchange([dk_part, dv_part], [], tag=2), dk_part, dv_part))
+            if (
+                ring.world_size > 1
+            ):  # pass them on; after the last step the next rank is their owner
+                sends.append(
+                    (ring.exchange([dk_part, dv_part], [], tag=2), dk_part, dv_part)
+                )
             else:
                 dk_own, dv_own = dk_part, dv_part
             _wait(kv_works)
             if t < ring.world_size - 1:
                 k_cur, v_cur = k_next, v_next
-        if ring.world_size > 1:  # our own block's accumulators, home from the previous rank
+        if (
+            ring.world_size > 1
+        ):  # our own block's accumulators, home from the previous rank
             dk_own, dv_own = torch.empty_like(key), torch.empty_like(value)
             _wait(ring.exchange([], [dk_own, dv_own], tag=2))
         _wait([w for works, *_ in sends for w in works])

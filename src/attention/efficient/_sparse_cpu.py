@@ -2,7 +2,7 @@
 
 Private to :func:`attention.efficient.sparse.block_sparse_attention`, which calls
 :func:`block_sparse_runs` first and takes its readable gather path when this returns
-``None``. Chapter 12 teaches the gather path; this module is what makes the same result
+``None``. Chapter 13 teaches the gather path; this module is what makes the same result
 fast for inference on a CPU, and ``benchmarks/sparse.py`` measures it.
 
 Shape legend: ``z`` the batch and head dims merged into one, ``i`` query positions, ``j``
@@ -31,7 +31,9 @@ from torch import Tensor
 # log-sum-exp of each query's scores, which lets partial results over disjoint key sets be
 # merged exactly. It is a private op: where it is missing (or fails), the caller's gather
 # path is used instead.
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None
+)
 
 # The run path makes a few kernel calls per distinct run pattern; a layout scattered into
 # many short runs (a random one) is faster through the gather path. Use the run path while
@@ -43,8 +45,14 @@ _CACHE_MAX_BLOCKS = 1 << 16
 
 
 def block_sparse_runs(
-    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, block_size: int, scale: float,
-    *, max_calls_per_row: int = MAX_CALLS_PER_ROW,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    layout: Tensor,
+    block_size: int,
+    scale: float,
+    *,
+    max_calls_per_row: int = MAX_CALLS_PER_ROW,
 ) -> Tensor | None:
     """Block-sparse attention through whole runs of kept blocks, or ``None`` where it does not apply.
 
@@ -83,7 +91,9 @@ def _applies(query: Tensor, key: Tensor, value: Tensor) -> bool:
         and not needs_grad
         and query.device.type == "cpu"
         and query.dtype in (torch.float32, torch.float64)
-        and 0 < query.shape[-1] == value.shape[-1]  # the fused kernel wants one head size
+        and 0
+        < query.shape[-1]
+        == value.shape[-1]  # the fused kernel wants one head size
         and query.shape[-2] > 0
         and key.shape[-2] > 0
     )
@@ -91,10 +101,21 @@ def _applies(query: Tensor, key: Tensor, value: Tensor) -> bool:
 
 def _layout_runs(layout: Tensor) -> list[tuple[int, int, int]]:
     """The maximal runs of consecutive True in each layout row: ``(row, first column, length)``."""
-    edges = F.pad(layout.to(torch.int8), (1, 1)).diff(dim=-1)  # +1 at a start, -1 past an end
-    starts, ends = (edges == 1).nonzero(), (edges == -1).nonzero()  # both sorted row-major
-    return list(zip(starts[:, 0].tolist(), starts[:, 1].tolist(),
-                    (ends[:, 1] - starts[:, 1]).tolist(), strict=True))
+    edges = F.pad(layout.to(torch.int8), (1, 1)).diff(
+        dim=-1
+    )  # +1 at a start, -1 past an end
+    starts, ends = (
+        (edges == 1).nonzero(),
+        (edges == -1).nonzero(),
+    )  # both sorted row-major
+    return list(
+        zip(
+            starts[:, 0].tolist(),
+            starts[:, 1].tolist(),
+            (ends[:, 1] - starts[:, 1]).tolist(),
+            strict=True,
+        )
+    )
 
 
 def _run_plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
@@ -121,9 +142,12 @@ def _run_plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan_cached(layout_bytes: bytes, shape: tuple[int, int], B: int, i: int,
-                 j: int) -> tuple[tuple, ...]:
-    return _plan(torch.frombuffer(bytearray(layout_bytes), dtype=torch.bool).view(shape), B, i, j)
+def _plan_cached(
+    layout_bytes: bytes, shape: tuple[int, int], B: int, i: int, j: int
+) -> tuple[tuple, ...]:
+    return _plan(
+        torch.frombuffer(bytearray(layout_bytes), dtype=torch.bool).view(shape), B, i, j
+    )
 
 
 def _plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
@@ -138,8 +162,11 @@ def _plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
         cut = []
         for r, s0, c0 in runs:
             if s0 <= s and s + c <= s0 + c0:
-                cut += [(r, x, n) for x, n in ((s0, s - s0), (s, c), (s + c, s0 + c0 - s - c))
-                        if n > 0]
+                cut += [
+                    (r, x, n)
+                    for x, n in ((s0, s - s0), (s, c), (s + c, s0 + c0 - s - c))
+                    if n > 0
+                ]
             else:
                 cut.append((r, s0, c0))
         whole = _plan_from_runs(cut, B, i, j)
@@ -149,8 +176,9 @@ def _plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
     return plan
 
 
-def _plan_from_runs(runs: list[tuple[int, int, int]], B: int, i: int,
-                    j: int) -> tuple[tuple, ...]:
+def _plan_from_runs(
+    runs: list[tuple[int, int, int]], B: int, i: int, j: int
+) -> tuple[tuple, ...]:
     """Group ``(row, first column, length)`` runs into the calls of :func:`_run_plan`."""
     shared = collections.Counter((s, c) for _, s, c in runs)
     bands = collections.Counter((c, s - r) for r, s, c in runs)
@@ -160,8 +188,13 @@ def _plan_from_runs(runs: list[tuple[int, int, int]], B: int, i: int,
         for r, s, c in runs:
             lo, hi = r + offset, r + offset + width  # this row's band window
             rest = ((s, lo - s), (hi, s + c - hi))
-            if (shared[s, c] == 1 and bands[c, s - r] == 1 and s <= lo and hi <= s + c
-                    and all(n == 0 or shared[x, n] > 1 for x, n in rest)):
+            if (
+                shared[s, c] == 1
+                and bands[c, s - r] == 1
+                and s <= lo
+                and hi <= s + c
+                and all(n == 0 or shared[x, n] > 1 for x, n in rest)
+            ):
                 cut += [(r, x, n) for x, n in (rest[0], (lo, width), rest[1]) if n > 0]
             else:
                 cut.append((r, s, c))
@@ -177,7 +210,9 @@ def _plan_from_runs(runs: list[tuple[int, int, int]], B: int, i: int,
             plan.append(("shared", tuple(rows), s, c))
         else:
             r = rows[0]
-            diagonal.setdefault((c, s - r, (r + 1) * B <= i, (s + c) * B <= j), []).append(r)
+            diagonal.setdefault(
+                (c, s - r, (r + 1) * B <= i, (s + c) * B <= j), []
+            ).append(r)
     for (c, off, _, _), rows in diagonal.items():
         rows.sort()
         first = 0
@@ -189,7 +224,12 @@ def _plan_from_runs(runs: list[tuple[int, int, int]], B: int, i: int,
 
 
 def _attend_runs(
-    query: Tensor, key: Tensor, value: Tensor, plan: tuple[tuple, ...], B: int, num_rows: int,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    plan: tuple[tuple, ...],
+    B: int,
+    num_rows: int,
     scale: float,
 ) -> Tensor:
     """Block-sparse attention from the calls of :func:`_run_plan`, merged exactly.
@@ -208,33 +248,55 @@ def _attend_runs(
 
     def tiles(x: Tensor, first: int, g: int, length: int) -> Tensor:
         """``(z, g, length, .)`` view: tile ``t`` is positions ``(first + t) B ...``, no copy."""
-        return x.as_strided((z, g, length, x.shape[-1]),
-                            (x.stride(0), B * x.stride(1), x.stride(1), 1),
-                            x.storage_offset() + first * B * x.stride(1))
+        return x.as_strided(
+            (z, g, length, x.shape[-1]),
+            (x.stride(0), B * x.stride(1), x.stride(1), 1),
+            x.storage_offset() + first * B * x.stride(1),
+        )
 
     # 1. One kernel call per entry of the plan.
     results = []  # (o (z, p, e), l (z, p)) per call
-    parts: list[list[tuple[int, int]]] = [[] for _ in range(num_rows)]  # (call, offset) per block
+    parts: list[list[tuple[int, int]]] = [
+        [] for _ in range(num_rows)
+    ]  # (call, offset) per block
     for kind, *spec in plan:
-        if kind == "shared":  # (z, 1, g*B, d) queries against one (z, 1, T, d) key slice
+        if (
+            kind == "shared"
+        ):  # (z, 1, g*B, d) queries against one (z, 1, T, d) key slice
             rows, s, c = spec
             if rows[-1] - rows[0] + 1 == len(rows):
-                qs = q[:, rows[0] * B:min((rows[-1] + 1) * B, i)]
+                qs = q[:, rows[0] * B : min((rows[-1] + 1) * B, i)]
             else:
-                pos = (torch.tensor(rows, device=q.device)[:, None] * B
-                       + torch.arange(B, device=q.device)).flatten()
+                pos = (
+                    torch.tensor(rows, device=q.device)[:, None] * B
+                    + torch.arange(B, device=q.device)
+                ).flatten()
                 qs = q.index_select(1, pos[pos < i])
             keys = slice(s * B, min((s + c) * B, j))
-            o, lse_o = _FLASH_CPU(qs[:, None], k[:, None, keys], v[:, None, keys],
-                                  dropout_p=0.0, is_causal=False, attn_mask=None, scale=scale)[:2]
+            o, lse_o = _FLASH_CPU(
+                qs[:, None],
+                k[:, None, keys],
+                v[:, None, keys],
+                dropout_p=0.0,
+                is_causal=False,
+                attn_mask=None,
+                scale=scale,
+            )[:2]
             o, lse_o = o[:, 0], lse_o[:, 0]
         else:  # (z, g, B, d) query tiles against (z, g, T, d) key tiles, both strided views
             r0, g, s0, c = spec
             rows = range(r0, r0 + g)
             size = min(B, i - r0 * B)  # only a lone last block can be partial
             t = min((s0 + c) * B, j) - s0 * B
-            o, lse_o = _FLASH_CPU(tiles(q, r0, g, size), tiles(k, s0, g, t), tiles(v, s0, g, t),
-                                  dropout_p=0.0, is_causal=False, attn_mask=None, scale=scale)[:2]
+            o, lse_o = _FLASH_CPU(
+                tiles(q, r0, g, size),
+                tiles(k, s0, g, t),
+                tiles(v, s0, g, t),
+                dropout_p=0.0,
+                is_causal=False,
+                attn_mask=None,
+                scale=scale,
+            )[:2]
             o, lse_o = o.reshape(z, g * size, e), lse_o.reshape(z, g * size)
         for n, r in enumerate(rows):
             parts[r].append((len(results), n * B))
@@ -247,14 +309,21 @@ def _attend_runs(
     r = 0
     while r < num_rows:
         end = r + 1
-        while end < num_rows and len(parts[end]) == len(parts[r]) and all(
-            b == (n, p + (end - r) * B) for (n, p), b in zip(parts[r], parts[end], strict=True)
+        while (
+            end < num_rows
+            and len(parts[end]) == len(parts[r])
+            and all(
+                b == (n, p + (end - r) * B)
+                for (n, p), b in zip(parts[r], parts[end], strict=True)
+            )
         ):
             end += 1
         length = min(end * B, i) - r * B
-        dst = out[:, r * B:r * B + length]  # (z, length, e)
-        pieces = [(results[n][0][:, p:p + length], results[n][1][:, p:p + length])
-                  for n, p in parts[r]]
+        dst = out[:, r * B : r * B + length]  # (z, length, e)
+        pieces = [
+            (results[n][0][:, p : p + length], results[n][1][:, p : p + length])
+            for n, p in parts[r]
+        ]
         if not pieces:  # rows that attend to nothing are zero, as in the reference
             dst.zero_()
         elif inplace:  # dst holds pieces[0] already
@@ -264,12 +333,16 @@ def _attend_runs(
         else:
             (o1, l1), (o2, l2) = pieces[:2]
             torch.lerp(o1, o2, torch.sigmoid(l2 - l1).unsqueeze_(-1), out=dst)
-            _merge_into(dst, torch.logaddexp(l1, l2) if len(pieces) > 2 else None, pieces[2:])
+            _merge_into(
+                dst, torch.logaddexp(l1, l2) if len(pieces) > 2 else None, pieces[2:]
+            )
         r = end
     return out.reshape(*batch, i, e)
 
 
-def _merge_into(dst: Tensor, lse: Tensor | None, rest: list[tuple[Tensor, Tensor]]) -> None:
+def _merge_into(
+    dst: Tensor, lse: Tensor | None, rest: list[tuple[Tensor, Tensor]]
+) -> None:
     """Fold the partial results ``(o_n, l_n)`` of ``rest`` into ``dst``, whose log-sum-exp is ``lse``."""
     for n, (o_n, l_n) in enumerate(rest, start=1):
         dst.lerp_(o_n, torch.sigmoid(l_n - lse).unsqueeze_(-1))

@@ -34,11 +34,17 @@ def _tiles(query, key, mask, is_causal, scale, block_size):
     i, j = query.shape[-2], key.shape[-2]
     for j0 in range(0, j, block_size):
         j1 = min(j0 + block_size, j)
-        r0 = j0 if is_causal else 0  # with a causal mask, queries before j0 see none of these keys
+        r0 = (
+            j0 if is_causal else 0
+        )  # with a causal mask, queries before j0 see none of these keys
         if r0 >= i:
             break
-        scores = query[..., r0:, :] @ key[..., j0:j1, :].transpose(-2, -1)  # (..., i - r0, blk)
-        scores.mul_(scale)  # in place: the kernels run without autograd, and tiles are the memory
+        scores = query[..., r0:, :] @ key[..., j0:j1, :].transpose(
+            -2, -1
+        )  # (..., i - r0, blk)
+        scores.mul_(
+            scale
+        )  # in place: the kernels run without autograd, and tiles are the memory
         if is_causal:
             rows = torch.arange(r0, i, device=query.device).unsqueeze(-1)  # (i - r0, 1)
             cols = torch.arange(j0, j1, device=query.device)  # (blk,)
@@ -48,7 +54,9 @@ def _tiles(query, key, mask, is_causal, scale, block_size):
             rows = slice(r0, None) if mask.shape[-2] > 1 else slice(None)
             tile = mask[..., rows, j0:j1] if mask.shape[-1] > 1 else mask[..., rows, :]
             if tile.dtype == torch.bool:
-                scores = torch.where(tile, scores, -_INF)  # broadcasts the batch dims of both
+                scores = torch.where(
+                    tile, scores, -_INF
+                )  # broadcasts the batch dims of both
             else:
                 scores = scores + tile
         yield j0, j1, r0, scores
@@ -69,18 +77,26 @@ def _forward(query, key, value, mask, is_causal, scale, block_size):
     key, value, float mask entry or the scale) or an overflowed score makes its row NaN.
     """
     i, e = query.shape[-2], value.shape[-1]
-    batch = broadcast_shapes("batch dims", query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    batch = broadcast_shapes(
+        "batch dims", query.shape[:-2], key.shape[:-2], value.shape[:-2]
+    )
     opts = {"dtype": query.dtype, "device": query.device}
     m = torch.full((*batch, i, 1), -_INF, **opts)  # (..., i, 1) running max
     l = torch.zeros((*batch, i, 1), **opts)  # noqa: E741  (..., i, 1) running sum
     acc = torch.zeros((*batch, i, e), **opts)  # (..., i, e) unnormalised output
     with torch.no_grad():
-        for j0, j1, r0, scores in _tiles(query, key, mask, is_causal, scale, block_size):
+        for j0, j1, r0, scores in _tiles(
+            query, key, mask, is_causal, scale, block_size
+        ):
             m_old = m[..., r0:, :]  # views: the updates below write into m, l, acc
             m_new = torch.maximum(m_old, scores.amax(dim=-1, keepdim=True))
             shift = _shift(m_new)  # rows with nothing visible yet stay at shift 0
-            alpha = torch.exp(m_old - shift)  # rescales the old sums; 0 while m_old = -inf
-            p = _sub_exp(scores, shift)  # (..., i - r0, blk); masked entries are exactly 0
+            alpha = torch.exp(
+                m_old - shift
+            )  # rescales the old sums; 0 while m_old = -inf
+            p = _sub_exp(
+                scores, shift
+            )  # (..., i - r0, blk); masked entries are exactly 0
             l[..., r0:, :] = l[..., r0:, :] * alpha + p.sum(dim=-1, keepdim=True)
             acc[..., r0:, :] = acc[..., r0:, :] * alpha + p @ value[..., j0:j1, :]
             m_old.copy_(m_new)
@@ -106,20 +122,28 @@ def _backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, 
     # A row that saw no key has lse = -inf: use +inf so its P = exp(S - inf) is exactly 0.
     lse = torch.where(torch.isneginf(lse), _INF, lse).unsqueeze(-1)  # (..., i, 1)
     delta = delta.unsqueeze(-1)  # (..., i, 1)
-    dq = torch.zeros((*dout.shape[:-1], query.shape[-1]), dtype=dout.dtype, device=dout.device)
+    dq = torch.zeros(
+        (*dout.shape[:-1], query.shape[-1]), dtype=dout.dtype, device=dout.device
+    )
     dk, dv = torch.zeros_like(key), torch.zeros_like(value)
     with torch.no_grad():
-        for j0, j1, r0, scores in _tiles(query, key, mask, is_causal, scale, block_size):
+        for j0, j1, r0, scores in _tiles(
+            query, key, mask, is_causal, scale, block_size
+        ):
             p = _sub_exp(scores, lse[..., r0:, :])  # (..., i - r0, blk): the weights
             g = dout[..., r0:, :]  # (..., i - r0, e)
             blk = j1 - j0
-            dv[..., j0:j1, :] += (p.transpose(-2, -1) @ g).sum_to_size(*value.shape[:-2], blk, value.shape[-1])
-            dp = g @ value[..., j0:j1, :].transpose(-2, -1)  # (..., i - r0, blk)
-            ds = dp.sub_(delta[..., r0:, :]).mul_(p)  # dS = P * (dP - D), the softmax's backward
-            dq[..., r0:, :] += (ds @ key[..., j0:j1, :]) * scale
-            dk[..., j0:j1, :] += ((ds.transpose(-2, -1) @ query[..., r0:, :]) * scale).sum_to_size(
-                *key.shape[:-2], blk, key.shape[-1]
+            dv[..., j0:j1, :] += (p.transpose(-2, -1) @ g).sum_to_size(
+                *value.shape[:-2], blk, value.shape[-1]
             )
+            dp = g @ value[..., j0:j1, :].transpose(-2, -1)  # (..., i - r0, blk)
+            ds = dp.sub_(delta[..., r0:, :]).mul_(
+                p
+            )  # dS = P * (dP - D), the softmax's backward
+            dq[..., r0:, :] += (ds @ key[..., j0:j1, :]) * scale
+            dk[..., j0:j1, :] += (
+                (ds.transpose(-2, -1) @ query[..., r0:, :]) * scale
+            ).sum_to_size(*key.shape[:-2], blk, key.shape[-1])
     return dq.sum_to_size(query.shape), dk, dv
 
 
@@ -139,8 +163,19 @@ class _TiledAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         query, key, value, out, lse, *mask = ctx.saved_tensors
         is_causal, scale, block_size = ctx.options
-        delta = (dout * out).sum(dim=-1) - dlse  # D = rowsum(dO * O), less the lse's gradient
+        delta = (dout * out).sum(
+            dim=-1
+        ) - dlse  # D = rowsum(dO * O), less the lse's gradient
         dq, dk, dv = _backward(
-            query, key, value, mask[0] if mask else None, is_causal, scale, block_size, lse, dout, delta
+            query,
+            key,
+            value,
+            mask[0] if mask else None,
+            is_causal,
+            scale,
+            block_size,
+            lse,
+            dout,
+            delta,
         )
         return dq, dk, dv, None, None, None, None

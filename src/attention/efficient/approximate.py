@@ -1,4 +1,4 @@
-"""Content-based and low-rank approximations of attention (taught in chapter 12).
+"""Content-based and low-rank approximations of attention (taught in chapter 13).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``n`` sequence length (self-attention, ``i = j = n``),
@@ -54,7 +54,11 @@ def _check_num_buckets(num_buckets) -> int:
 
 
 def lsh_buckets(
-    x: Tensor, num_buckets: int, num_hashes: int = 1, *, generator: torch.Generator | None = None
+    x: Tensor,
+    num_buckets: int,
+    num_hashes: int = 1,
+    *,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     r"""Angular LSH bucket of every vector: :math:`h(x) = \arg\max([xR, -xR])`.
 
@@ -95,7 +99,9 @@ def _buckets(x: Tensor, num_buckets: int, num_hashes: int, generator) -> Tensor:
         return torch.zeros(*batch, num_hashes, n, dtype=torch.long, device=x.device)
     rotations = torch.randn(d, num_hashes, num_buckets // 2, generator=generator)
     rotations = rotations.to(device=x.device, dtype=x.dtype)
-    rotated = torch.einsum("...nd,drk->...rnk", x, rotations)  # (..., r, n, num_buckets/2)
+    rotated = torch.einsum(
+        "...nd,drk->...rnk", x, rotations
+    )  # (..., r, n, num_buckets/2)
     return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)  # (..., r, n)
 
 
@@ -107,11 +113,19 @@ def _chunks_with_look_back(x: Tensor, fill: float | int | bool) -> Tensor:
 
 
 def lsh_attention(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: None = None, is_causal: bool = False,
-    scale: float | None = None, enable_gqa: bool = False,
-    num_buckets: int, num_hashes: int = 1, chunk_size: int,
-    generator: torch.Generator | None = None, normalize_keys: bool = False,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    num_buckets: int,
+    num_hashes: int = 1,
+    chunk_size: int,
+    generator: torch.Generator | None = None,
+    normalize_keys: bool = False,
     deduplicate: bool = True,
 ) -> Tensor:
     r"""Reformer's LSH attention with shared queries and keys {cite}`kitaev2020reformer`.
@@ -202,7 +216,10 @@ def lsh_attention(
             f"got {query.shape[-2]} and {value.shape[-2]}"
         )
     batch = broadcast_shapes(
-        "the batch dims of query and value", tuple(query.shape[:-2]), tuple(value.shape[:-2]))
+        "the batch dims of query and value",
+        tuple(query.shape[:-2]),
+        tuple(value.shape[:-2]),
+    )
     x = query.expand(*batch, *query.shape[-2:])
     value = value.expand(*batch, *value.shape[-2:])
     n, d, e = x.shape[-2], x.shape[-1], value.shape[-1]
@@ -213,13 +230,19 @@ def lsh_attention(
 
     buckets = _buckets(x, num_buckets, num_hashes, generator)  # (..., r, n)
     positions = torch.arange(n, device=x.device)
-    order = (buckets * n + positions).argsort(dim=-1)  # (..., r, n): by bucket, then position
+    order = (buckets * n + positions).argsort(
+        dim=-1
+    )  # (..., r, n): by bucket, then position
 
-    def sort(t: Tensor) -> Tensor:  # (..., n, f) -> (..., r, n, f) in each round's order
+    def sort(
+        t: Tensor,
+    ) -> Tensor:  # (..., n, f) -> (..., r, n, f) in each round's order
         t = t.unsqueeze(-3).expand(*batch, num_hashes, n, t.shape[-1])
         return t.gather(-2, order.unsqueeze(-1).expand(*order.shape, t.shape[-1]))
 
-    keys = torch.nn.functional.normalize(x, dim=-1) if normalize_keys else x  # (..., n, d)
+    keys = (
+        torch.nn.functional.normalize(x, dim=-1) if normalize_keys else x
+    )  # (..., n, d)
     q, k, v = sort(x), sort(keys), sort(value)  # (..., r, n, *)
     pos = positions.expand_as(order).gather(-1, order)  # (..., r, n)
     bkt = buckets.gather(-1, order)  # (..., r, n)
@@ -228,7 +251,9 @@ def lsh_attention(
     pad = nc * C
 
     def chunk(t: Tensor, fill) -> Tensor:  # (..., r, n, f) -> (..., r, c, C, f)
-        t = torch.cat([t, t.new_full((*t.shape[:-2], pad - n, t.shape[-1]), fill)], dim=-2)
+        t = torch.cat(
+            [t, t.new_full((*t.shape[:-2], pad - n, t.shape[-1]), fill)], dim=-2
+        )
         return t.unflatten(-2, (nc, C))
 
     q_c = chunk(q, 0.0)  # (..., r, c, C, d)
@@ -236,25 +261,39 @@ def lsh_attention(
     v_c = _chunks_with_look_back(chunk(v, 0.0), 0.0)  # (..., r, c, 2C, e)
     pos_q = chunk(pos.unsqueeze(-1), -1)  # (..., r, c, C, 1)
     bkt_q = chunk(bkt.unsqueeze(-1), -1)  # (..., r, c, C, 1)
-    pos_k = _chunks_with_look_back(chunk(pos.unsqueeze(-1), -1), -1).transpose(-1, -2)  # (..., r, c, 1, 2C)
-    bkt_k = _chunks_with_look_back(chunk(bkt.unsqueeze(-1), -1), -1).transpose(-1, -2)  # (..., r, c, 1, 2C)
+    pos_k = _chunks_with_look_back(chunk(pos.unsqueeze(-1), -1), -1).transpose(
+        -1, -2
+    )  # (..., r, c, 1, 2C)
+    bkt_k = _chunks_with_look_back(chunk(bkt.unsqueeze(-1), -1), -1).transpose(
+        -1, -2
+    )  # (..., r, c, 1, 2C)
 
-    allowed = (pos_k >= 0) & (bkt_k == bkt_q)  # (..., r, c, C, 2C): real key, same bucket
+    allowed = (pos_k >= 0) & (
+        bkt_k == bkt_q
+    )  # (..., r, c, C, 2C): real key, same bucket
     if is_causal:
         allowed = allowed & (pos_k <= pos_q)
     others = allowed & (pos_k != pos_q)
     mask = torch.where(others.any(dim=-1, keepdim=True), others, allowed)  # step 5
-    mask = mask | ~mask.any(dim=-1, keepdim=True)  # padding queries: anything finite, dropped below
+    mask = mask | ~mask.any(
+        dim=-1, keepdim=True
+    )  # padding queries: anything finite, dropped below
 
     scores = (q_c @ k_c.transpose(-1, -2)) * scale  # (..., r, c, C, 2C)
     if deduplicate and num_hashes > 1:
         undo = order.argsort(dim=-1)  # (..., r, n): sorted slot of each position
-        alone = ~others.any(dim=-1).flatten(-2, -1)[..., :n].gather(-1, undo)  # (..., r, n)
-        count = _rounds_containing(buckets, undo // C, alone, pos_q, pos_k, is_causal, batch)
+        alone = ~others.any(dim=-1).flatten(-2, -1)[..., :n].gather(
+            -1, undo
+        )  # (..., r, n)
+        count = _rounds_containing(
+            buckets, undo // C, alone, pos_q, pos_k, is_causal, batch
+        )
         scores = scores - torch.log(count.clamp(min=1).to(scores.dtype))
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (..., r, c, C)
-    out = _matmul_skipping(torch.exp(scores - lse.unsqueeze(-1)), v_c, ~mask)  # (..., r, c, C, e)
+    out = _matmul_skipping(
+        torch.exp(scores - lse.unsqueeze(-1)), v_c, ~mask
+    )  # (..., r, c, C, e)
 
     out = out.flatten(-3, -2)[..., :n, :]  # (..., r, n, e) in sorted order
     lse = lse.flatten(-2, -1)[..., :n]  # (..., r, n)
@@ -265,8 +304,15 @@ def lsh_attention(
     return (share.unsqueeze(-1) * out).sum(dim=-3)  # (..., n, e)
 
 
-def _rounds_containing(buckets: Tensor, chunk: Tensor, alone: Tensor, pos_q: Tensor,
-                       pos_k: Tensor, is_causal: bool, batch) -> Tensor:
+def _rounds_containing(
+    buckets: Tensor,
+    chunk: Tensor,
+    alone: Tensor,
+    pos_q: Tensor,
+    pos_k: Tensor,
+    is_causal: bool,
+    batch,
+) -> Tensor:
     """:math:`N_{ij}`: in how many rounds key ``j`` is in query ``i``'s set (steps 4-5).
 
     ``buckets``, ``chunk`` (sorted slot // C) and ``alone`` (no key but itself) are
@@ -274,18 +320,27 @@ def _rounds_containing(buckets: Tensor, chunk: Tensor, alone: Tensor, pos_q: Ten
     ``(..., r, c, 1, 2C)`` the positions of each round's query/key slots (-1 = padding).
     Returns ``(..., r, c, C, 2C)``; meaningless at padding, which the caller masks.
     """
-    def at(t: Tensor, idx: Tensor) -> Tensor:  # per-position (..., r', n) at idx -> idx.shape + (r',)
+
+    def at(
+        t: Tensor, idx: Tensor
+    ) -> Tensor:  # per-position (..., r', n) at idx -> idx.shape + (r',)
         per_pos = t.transpose(-1, -2)  # (..., n, r')
         flat = idx.clamp(min=0).reshape(*batch, -1)  # (..., M)
-        got = per_pos.gather(-2, flat.unsqueeze(-1).expand(*flat.shape, per_pos.shape[-1]))
+        got = per_pos.gather(
+            -2, flat.unsqueeze(-1).expand(*flat.shape, per_pos.shape[-1])
+        )
         return got.reshape(*idx.shape, per_pos.shape[-1])
 
     same_bucket = at(buckets, pos_q) == at(buckets, pos_k)  # (..., r, c, C, 2C, r')
-    back = at(chunk, pos_q) - at(chunk, pos_k)  # the key's chunk: own (0) or previous (1)
+    back = at(chunk, pos_q) - at(
+        chunk, pos_k
+    )  # the key's chunk: own (0) or previous (1)
     member = same_bucket & ((back == 0) | (back == 1))
     if is_causal:
         member = member & (pos_k <= pos_q).unsqueeze(-1)
-    is_self = (pos_k == pos_q).unsqueeze(-1)  # the query's own position: only when alone
+    is_self = (pos_k == pos_q).unsqueeze(
+        -1
+    )  # the query's own position: only when alone
     member = torch.where(is_self, at(alone, pos_q), member)
     return member.sum(dim=-1)  # (..., r, c, C, 2C)
 
@@ -320,10 +375,16 @@ def linformer_projection(
 
 
 def linformer_attention(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: None = None, is_causal: bool = False,
-    scale: float | None = None, enable_gqa: bool = False,
-    key_projection: Tensor, value_projection: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    key_projection: Tensor,
+    value_projection: Tensor,
 ) -> Tensor:
     r"""Linformer attention :math:`\operatorname{softmax}(Q (E K)^\top s)\,(F V)` {cite}`wang2020linformer`.
 
@@ -370,15 +431,22 @@ def linformer_attention(
     for name, t in (("key_projection", E), ("value_projection", F)):
         check_tensor(name, t, floating=True, min_dim=2, dtype=query.dtype)
         if t.shape[-1] != key.shape[-2]:
-            raise ValueError(f"{name} must have shape (..., k, n) with n = {key.shape[-2]} key "
-                             f"positions, got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape (..., k, n) with n = {key.shape[-2]} key "
+                f"positions, got {tuple(t.shape)}"
+            )
     if E.shape[-2] != F.shape[-2]:
-        raise ValueError("key_projection and value_projection must project to the same k, "
-                         f"got {E.shape[-2]} and {F.shape[-2]}")
+        raise ValueError(
+            "key_projection and value_projection must project to the same k, "
+            f"got {E.shape[-2]} and {F.shape[-2]}"
+        )
     check_same_device(query=query, key_projection=E, value_projection=F)
-    broadcast_shapes("the batch dims of key and key_projection", key.shape[:-2], E.shape[:-2])
-    broadcast_shapes("the batch dims of value and value_projection", value.shape[:-2],
-                     F.shape[:-2])
+    broadcast_shapes(
+        "the batch dims of key and key_projection", key.shape[:-2], E.shape[:-2]
+    )
+    broadcast_shapes(
+        "the batch dims of value and value_projection", value.shape[:-2], F.shape[:-2]
+    )
     key_k = E @ key  # (..., k, d)
     value_k = F @ value  # (..., k, e)
     # The projections' batch dims may add heads: check the projected shapes once more.

@@ -1,4 +1,4 @@
-r"""The delta rule and the gated delta rule: a linear-attention state that corrects itself (chapter 11).
+r"""The delta rule and the gated delta rule: a linear-attention state that corrects itself (chapters 11-12).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``h`` heads, ``n``
 positions (queries, keys and values come as one sequence), ``d`` query/key size, ``e``
@@ -62,7 +62,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_has_data, check_same_device, check_same_dtype, check_size, check_tensor
+from .._checks import (
+    check_has_data,
+    check_same_device,
+    check_same_dtype,
+    check_size,
+    check_tensor,
+)
 from .._core import default_scale
 
 __all__ = ["delta_rule_attention", "gated_delta_rule_attention"]
@@ -71,14 +77,19 @@ __all__ = ["delta_rule_attention", "gated_delta_rule_attention"]
 # --------------------------------------------------------------------------- validation
 
 
-def _validate(query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size):
+def _validate(
+    query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size
+):
     check_tensor("query", query, floating=True, min_dim=2)
     check_tensor("key", key, floating=True, min_dim=2)
     check_tensor("value", value, floating=True, min_dim=2)
     check_tensor("beta", beta, floating=True, min_dim=1)
-    check_same_dtype(query=query, key=key, value=value, beta=beta, g=g, initial_state=initial_state)
-    check_same_device(query=query, key=key, value=value, beta=beta, g=g,
-                      initial_state=initial_state)
+    check_same_dtype(
+        query=query, key=key, value=value, beta=beta, g=g, initial_state=initial_state
+    )
+    check_same_device(
+        query=query, key=key, value=value, beta=beta, g=g, initial_state=initial_state
+    )
     if query.shape != key.shape:
         raise ValueError(
             f"query and key must have the same shape (..., n, d), got {tuple(query.shape)} "
@@ -111,8 +122,12 @@ def _validate(query, key, value, beta, g, scale, initial_state, output_final_sta
                 "g is the log of the decay alpha = exp(g) in (0, 1] and must be <= 0, got a "
                 f"maximum of {g.detach().max().item():.4g}"
             )
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__} {scale!r}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, int | float)
+    ):
+        raise TypeError(
+            f"scale must be a float or None, got {type(scale).__name__} {scale!r}"
+        )
     if initial_state is not None:
         check_tensor("initial_state", initial_state, floating=True, min_dim=2)
         want = (*key.shape[:-2], key.shape[-1], value.shape[-1])
@@ -122,7 +137,9 @@ def _validate(query, key, value, beta, g, scale, initial_state, output_final_sta
                 f"{tuple(initial_state.shape)}"
             )
     if not isinstance(output_final_state, bool):
-        raise TypeError(f"output_final_state must be a bool, got {output_final_state!r}")
+        raise TypeError(
+            f"output_final_state must be a bool, got {output_final_state!r}"
+        )
     if chunk_size is not None:
         check_size("chunk_size", chunk_size)
 
@@ -130,8 +147,9 @@ def _validate(query, key, value, beta, g, scale, initial_state, output_final_sta
 # --------------------------------------------------------------------------- the two forms
 
 
-def _recurrent(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-               state: Tensor) -> tuple[Tensor, Tensor]:
+def _recurrent(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, state: Tensor
+) -> tuple[Tensor, Tensor]:
     """Token by token; ``q`` already scaled. Returns ``(o (..., n, e), S (..., d, e))``."""
     outputs = []
     for t in range(q.shape[-2]):
@@ -141,14 +159,23 @@ def _recurrent(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
         read = (k_t.unsqueeze(-1) * state).sum(-2)  # (..., e) = S^T k_t
         u = beta[..., t, None] * (v[..., t, :] - read)  # (..., e) the correction
         state = state + k_t.unsqueeze(-1) * u.unsqueeze(-2)  # (..., d, e)
-        outputs.append((q[..., t, :].unsqueeze(-1) * state).sum(-2))  # (..., e) = S^T q_t
+        outputs.append(
+            (q[..., t, :].unsqueeze(-1) * state).sum(-2)
+        )  # (..., e) = S^T q_t
     if not outputs:
         return v.new_zeros(v.shape), state
     return torch.stack(outputs, dim=-2), state
 
 
-def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-               state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+def _chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None,
+    state: Tensor,
+    chunk: int,
+) -> tuple[Tensor, Tensor]:
     """The WY/UT chunkwise form; ``q`` already scaled. Same returns as :func:`_recurrent`."""
     n, d, e = q.shape[-2], q.shape[-1], v.shape[-1]
     if g is None:
@@ -167,16 +194,26 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
     kc = k.reshape(*batch, chunks, chunk, d)  # (..., N, c, d)
     vc = v.reshape(*batch, chunks, chunk, e)  # (..., N, c, e)
     bc = beta.reshape(*batch, chunks, chunk)  # (..., N, c)
-    gamma = g.reshape(*batch, chunks, chunk).cumsum(-1)  # (..., N, c) log Gamma_r in the chunk
+    gamma = g.reshape(*batch, chunks, chunk).cumsum(
+        -1
+    )  # (..., N, c) log Gamma_r in the chunk
 
     seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril_()  # s <= r
-    diff = gamma.unsqueeze(-1) - gamma.unsqueeze(-2)  # (..., N, c, c) log Gamma_r / Gamma_s
-    decay = diff.masked_fill(~seen, -math.inf).exp()  # (..., N, c, c), 0 above the diagonal
+    diff = gamma.unsqueeze(-1) - gamma.unsqueeze(
+        -2
+    )  # (..., N, c, c) log Gamma_r / Gamma_s
+    decay = diff.masked_fill(
+        ~seen, -math.inf
+    ).exp()  # (..., N, c, c), 0 above the diagonal
     diagonal = torch.eye(chunk, dtype=torch.bool, device=q.device)  # (c, c)
     strict = decay.masked_fill(diagonal, 0.0)  # (..., N, c, c) s < r
-    a = bc.unsqueeze(-1) * strict * (kc @ kc.transpose(-2, -1))  # (..., N, c, c) strictly lower
+    a = (
+        bc.unsqueeze(-1) * strict * (kc @ kc.transpose(-2, -1))
+    )  # (..., N, c, c) strictly lower
     # (I + A) U = diag(beta) V - diag(beta Gamma) K S_0: solve for both right-hand sides.
-    rhs = torch.cat([bc.unsqueeze(-1) * vc, (bc * gamma.exp()).unsqueeze(-1) * kc], dim=-1)
+    rhs = torch.cat(
+        [bc.unsqueeze(-1) * vc, (bc * gamma.exp()).unsqueeze(-1) * kc], dim=-1
+    )
     solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     u_tilde, w = solved[..., :e], solved[..., e:]  # (..., N, c, e), (..., N, c, d)
     qk = (qc @ kc.transpose(-2, -1)) * decay  # (..., N, c, c)
@@ -185,17 +222,34 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
     outputs = []
     for m in range(chunks):
         u = u_tilde[..., m, :, :] - w[..., m, :, :] @ state  # (..., c, e)
-        inter = gamma[..., m, :].exp().unsqueeze(-1) * (qc[..., m, :, :] @ state)  # (..., c, e)
+        inter = gamma[..., m, :].exp().unsqueeze(-1) * (
+            qc[..., m, :, :] @ state
+        )  # (..., c, e)
         outputs.append(inter + qk[..., m, :, :] @ u)  # (..., c, e)
         carry = (last[..., m, :] - gamma[..., m, :]).exp().unsqueeze(-1)  # (..., c, 1)
-        state = last[..., m, :].exp().unsqueeze(-1) * state + (kc[..., m, :, :] * carry).transpose(
-            -2, -1) @ u  # (..., d, e)
+        state = (
+            last[..., m, :].exp().unsqueeze(-1) * state
+            + (kc[..., m, :, :] * carry).transpose(-2, -1) @ u
+        )  # (..., d, e)
     out = torch.stack(outputs, dim=-3).reshape(*batch, chunks * chunk, e)[..., :n, :]
     return out, state
 
 
-def _run(name, query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size):
-    _validate(query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size)
+def _run(
+    name,
+    query,
+    key,
+    value,
+    beta,
+    g,
+    scale,
+    initial_state,
+    output_final_state,
+    chunk_size,
+):
+    _validate(
+        query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size
+    )
     q = query * default_scale(scale, query.shape[-1])
     if initial_state is None:
         state = value.new_zeros(*key.shape[:-2], key.shape[-1], value.shape[-1])
@@ -212,9 +266,15 @@ def _run(name, query, key, value, beta, g, scale, initial_state, output_final_st
 
 
 def delta_rule_attention(
-    query: Tensor, key: Tensor, value: Tensor, beta: Tensor, *,
-    scale: float | None = None, initial_state: Tensor | None = None,
-    output_final_state: bool = False, chunk_size: int | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Causal attention with the delta rule (DeltaNet): the state stores corrections.
 
@@ -254,14 +314,31 @@ def delta_rule_attention(
         ...                delta_rule_attention(k, k, v, torch.ones(1, 2)))
         True
     """
-    return _run("delta_rule_attention", query, key, value, beta, None, scale, initial_state,
-                output_final_state, chunk_size)
+    return _run(
+        "delta_rule_attention",
+        query,
+        key,
+        value,
+        beta,
+        None,
+        scale,
+        initial_state,
+        output_final_state,
+        chunk_size,
+    )
 
 
 def gated_delta_rule_attention(
-    query: Tensor, key: Tensor, value: Tensor, beta: Tensor, g: Tensor, *,
-    scale: float | None = None, initial_state: Tensor | None = None,
-    output_final_state: bool = False, chunk_size: int | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Causal attention with the gated delta rule (Gated DeltaNet): decay, then correct.
 
@@ -291,7 +368,19 @@ def gated_delta_rule_attention(
         True
     """
     if g is None:
-        raise TypeError("g must be a tensor (..., n) of log-decays; for no decay use "
-                        "delta_rule_attention")
-    return _run("gated_delta_rule_attention", query, key, value, beta, g, scale, initial_state,
-                output_final_state, chunk_size)
+        raise TypeError(
+            "g must be a tensor (..., n) of log-decays; for no decay use "
+            "delta_rule_attention"
+        )
+    return _run(
+        "gated_delta_rule_attention",
+        query,
+        key,
+        value,
+        beta,
+        g,
+        scale,
+        initial_state,
+        output_final_state,
+        chunk_size,
+    )

@@ -1,4 +1,4 @@
-r"""Attention across processes: ring attention over ``torch.distributed`` (chapter 14).
+r"""Attention across processes: ring attention over ``torch.distributed`` (chapter 15).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``n`` the whole
 sequence's length, ``n_local = n / P`` the positions one rank holds, ``d`` query/key size,
@@ -66,7 +66,9 @@ def _chunks_of(rank: int, world_size: int, layout: str) -> list[int]:
 def _check_dim(x: Tensor, dim) -> int:
     dim = check_int("dim", dim)
     if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim must lie in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got {dim}")
+        raise ValueError(
+            f"dim must lie in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got {dim}"
+        )
     return dim % x.dim()
 
 
@@ -81,7 +83,9 @@ def _num_chunks(n: int, world_size: int, layout: str) -> int:
     return parts
 
 
-def shard_sequence(x: Tensor, world_size: int, rank: int, *, layout: str = "contiguous", dim: int = -2) -> Tensor:
+def shard_sequence(
+    x: Tensor, world_size: int, rank: int, *, layout: str = "contiguous", dim: int = -2
+) -> Tensor:
     """The part of a sequence that rank ``rank`` of ``world_size`` holds.
 
     ``"contiguous"``: rank ``r`` holds positions ``[r n/P, (r + 1) n/P)``. ``"zigzag"``: the
@@ -115,11 +119,15 @@ def shard_sequence(x: Tensor, world_size: int, rank: int, *, layout: str = "cont
     _check_layout(layout)
     dim = _check_dim(x, dim)
     size = x.shape[dim] // _num_chunks(x.shape[dim], world_size, layout)
-    pieces = [x.narrow(dim, c * size, size) for c in _chunks_of(rank, world_size, layout)]
+    pieces = [
+        x.narrow(dim, c * size, size) for c in _chunks_of(rank, world_size, layout)
+    ]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
 
 
-def unshard_sequence(shards: Sequence[Tensor], *, layout: str = "contiguous", dim: int = -2) -> Tensor:
+def unshard_sequence(
+    shards: Sequence[Tensor], *, layout: str = "contiguous", dim: int = -2
+) -> Tensor:
     """Reassemble the whole sequence from every rank's shard (the inverse of :func:`shard_sequence`).
 
     Args:
@@ -136,8 +144,14 @@ def unshard_sequence(shards: Sequence[Tensor], *, layout: str = "contiguous", di
         >>> torch.equal(unshard_sequence(shards, layout="zigzag"), x)
         True
     """
-    if isinstance(shards, Tensor) or not isinstance(shards, Sequence) or len(shards) == 0:
-        raise TypeError(f"shards must be a non-empty list or tuple of tensors, got {type(shards).__name__}")
+    if (
+        isinstance(shards, Tensor)
+        or not isinstance(shards, Sequence)
+        or len(shards) == 0
+    ):
+        raise TypeError(
+            f"shards must be a non-empty list or tuple of tensors, got {type(shards).__name__}"
+        )
     for r, s in enumerate(shards):
         check_tensor(f"shards[{r}]", s, min_dim=1)
     _check_layout(layout)
@@ -154,13 +168,20 @@ def unshard_sequence(shards: Sequence[Tensor], *, layout: str = "contiguous", di
     if layout == "contiguous":
         return torch.cat(list(shards), dim)
     if first.shape[dim] % 2:
-        raise ValueError(f"zigzag shards hold two chunks of equal length, got an odd length {first.shape[dim]}")
+        raise ValueError(
+            f"zigzag shards hold two chunks of equal length, got an odd length {first.shape[dim]}"
+        )
     halves = [s.chunk(2, dim) for s in shards]  # rank r: (chunk r, chunk 2P - 1 - r)
-    ordered = [halves[c][0] if c < world_size else halves[2 * world_size - 1 - c][1] for c in range(2 * world_size)]
+    ordered = [
+        halves[c][0] if c < world_size else halves[2 * world_size - 1 - c][1]
+        for c in range(2 * world_size)
+    ]
     return torch.cat(ordered, dim)
 
 
-def ring_schedule(world_size: int, *, layout: str = "contiguous", is_causal: bool = False) -> list[list[dict]]:
+def ring_schedule(
+    world_size: int, *, layout: str = "contiguous", is_causal: bool = False
+) -> list[list[dict]]:
     """Which key/value block each rank holds at each step of the ring, and what it computes.
 
     At step ``t`` rank ``r`` holds the key/value shard of rank ``(r - t) mod P``. Each
@@ -207,21 +228,28 @@ def ring_schedule(world_size: int, *, layout: str = "contiguous", is_causal: boo
 # ----------------------------------------------------------------------------- the ring
 
 
-def _steps(rank: int, world_size: int, layout: str, is_causal: bool, n_local: int) -> list:
+def _steps(
+    rank: int, world_size: int, layout: str, is_causal: bool, n_local: int
+) -> list:
     """Per step of the ring, the tiles this rank computes: ``(query slice, key slice, diagonal)``.
 
     Slices are local: into the query shard and into the key/value block held at that step;
     ``diagonal`` marks a chunk against itself, which takes the top-left causal mask.
     """
     schedule = ring_schedule(world_size, layout=layout, is_causal=is_causal)
-    if not is_causal:  # every pair is full: one tile, the whole query shard against the whole block
+    if (
+        not is_causal
+    ):  # every pair is full: one tile, the whole query shard against the whole block
         return [[(slice(None), slice(None), False)] for _ in schedule]
     size = n_local // len(_chunks_of(rank, world_size, layout))
     local = {}  # global chunk index -> its slice within the shard of the rank holding it
     for r in range(world_size):
         for k, c in enumerate(_chunks_of(r, world_size, layout)):
             local[c] = slice(k * size, (k + 1) * size)
-    return [[(local[a], local[b], kind == "diagonal") for a, b, kind in step[rank]["pairs"]] for step in schedule]
+    return [
+        [(local[a], local[b], kind == "diagonal") for a, b, kind in step[rank]["pairs"]]
+        for step in schedule
+    ]
 
 
 def _local_problems(query, key, value, is_causal, scale, layout, block_size) -> None:
@@ -229,11 +257,20 @@ def _local_problems(query, key, value, is_causal, scale, layout, block_size) -> 
     check_qkv(query, key, value)
     for name, t in (("key", key), ("value", value)):
         if t.device != query.device:
-            raise ValueError(f"query and {name} must be on one device, got {query.device} and {t.device}")
-    broadcast_shapes("the batch dims of query, key and value", query.shape[:-2], key.shape[:-2], value.shape[:-2])
+            raise ValueError(
+                f"query and {name} must be on one device, got {query.device} and {t.device}"
+            )
+    broadcast_shapes(
+        "the batch dims of query, key and value",
+        query.shape[:-2],
+        key.shape[:-2],
+        value.shape[:-2],
+    )
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+    ):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     _check_layout(layout)
     check_int("block_size", block_size, minimum=1)
@@ -318,10 +355,14 @@ def ring_attention(
             "torch.distributed.init_process_group first (or run it through run_distributed)"
         )
     if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
+        raise TypeError(
+            f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+        )
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
-        raise ValueError("this process is not a member of the group passed to ring_attention")
+        raise ValueError(
+            "this process is not a member of the group passed to ring_attention"
+        )
     problem = None
     try:
         _local_problems(query, key, value, is_causal, scale, layout, block_size)
@@ -329,7 +370,10 @@ def ring_attention(
         problem = err
     # One cheap collective before any block moves: every rank learns every rank's shapes
     # and options, so that all of them raise together instead of waiting on a partner.
-    mine = (_summary(query, key, value, is_causal, scale, layout), None if problem is None else str(problem))
+    mine = (
+        _summary(query, key, value, is_causal, scale, layout),
+        None if problem is None else str(problem),
+    )
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine, group=group)
     if problem is not None:
@@ -346,15 +390,21 @@ def ring_attention(
             )
     n_q, n_k = query.shape[-2], key.shape[-2]
     if is_causal and n_q != n_k:
-        raise ValueError(f"with is_causal the query and key shards must have one length, got {n_q} and {n_k}")
+        raise ValueError(
+            f"with is_causal the query and key shards must have one length, got {n_q} and {n_k}"
+        )
     if layout == "zigzag" and (n_q % 2 or n_k % 2):
         raise ValueError(
             f"the zigzag layout needs n divisible by 2P = {2 * world_size}: each rank holds two "
             f"chunks of equal length, got shards of length {n_q} and {n_k}"
         )
     scale = default_scale(scale, query.shape[-1])
-    ring = _Ring(group, world_size, rank, _steps(rank, world_size, layout, is_causal, n_k))
-    return _RingAttention.apply(query, key, value, ring, scale, min(block_size, max(n_k, 1)))
+    ring = _Ring(
+        group, world_size, rank, _steps(rank, world_size, layout, is_causal, n_k)
+    )
+    return _RingAttention.apply(
+        query, key, value, ring, scale, min(block_size, max(n_k, 1))
+    )
 
 
 def ring_forward_backward(

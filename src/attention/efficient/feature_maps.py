@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_bool, check_dtype, check_generator, check_real, check_size, check_tensor
+from .._checks import (
+    check_bool,
+    check_dtype,
+    check_generator,
+    check_real,
+    check_size,
+    check_tensor,
+)
 
 __all__ = ["random_feature_map"]
 
@@ -137,7 +144,11 @@ def random_feature_map(
     scale = dim**-0.25 if scale is None else check_real("scale", scale)
     try:  # the (d, f) projection must fit in memory: find out before drawing it
         torch.empty(dim, num_features, dtype=dtype)
-    except (RuntimeError, OverflowError, TypeError):  # too large for memory, or for int64
+    except (
+        RuntimeError,
+        OverflowError,
+        TypeError,
+    ):  # too large for memory, or for int64
         raise ValueError(
             f"a ({dim}, {num_features}) projection of {dtype} does not fit in memory; "
             "ask for fewer num_features"
@@ -150,7 +161,9 @@ def random_feature_map(
             # Fix the signs so the directions are uniformly distributed (Haar).
             blocks.append(q * torch.sign(torch.diagonal(r)))
         w = torch.cat(blocks, dim=1)[:, :num_features]  # (d, f)
-        norms = torch.randn(dim, num_features, generator=generator, dtype=dtype).norm(dim=0)
+        norms = torch.randn(dim, num_features, generator=generator, dtype=dtype).norm(
+            dim=0
+        )
         w = w * norms  # each column gets the norm of a Gaussian vector
     else:
         w = torch.randn(dim, num_features, generator=generator, dtype=dtype)  # (d, f)

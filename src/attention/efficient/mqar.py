@@ -1,4 +1,4 @@
-r"""Multi-query associative recall (MQAR), the task that measures what a memory can hold (chapter 11).
+r"""Multi-query associative recall (MQAR), the task that measures what a memory can hold (chapter 12).
 
 Shape legend: ``b`` batch, ``n`` positions (``seq_len``).
 
@@ -32,8 +32,12 @@ IGNORE_INDEX = -100
 
 
 def mqar_batch(
-    num_pairs: int, seq_len: int, vocab_size: int, *,
-    batch_size: int = 1, generator: torch.Generator | None = None,
+    num_pairs: int,
+    seq_len: int,
+    vocab_size: int,
+    *,
+    batch_size: int = 1,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""A batch of multi-query associative recall sequences.
 
@@ -84,14 +88,16 @@ def mqar_batch(
 
     def draw(count: int, size: int) -> Tensor:
         """``size`` distinct integers from ``0 .. count - 1``, per row: (b, size)."""
-        return torch.rand(batch_size, count, generator=generator).argsort(dim=-1)[:, :size]
+        return torch.rand(batch_size, count, generator=generator).argsort(dim=-1)[
+            :, :size
+        ]
 
     keys = 1 + draw(half - 1, num_pairs)  # (b, p)
     values = half + draw(vocab_size - half, num_pairs)  # (b, p)
     inputs = torch.zeros(batch_size, seq_len, dtype=torch.long)
     targets = torch.full((batch_size, seq_len), IGNORE_INDEX, dtype=torch.long)
-    inputs[:, 0:2 * num_pairs:2] = keys
-    inputs[:, 1:2 * num_pairs:2] = values
+    inputs[:, 0 : 2 * num_pairs : 2] = keys
+    inputs[:, 1 : 2 * num_pairs : 2] = values
     # Each key once more, in a random order, at distinct random free positions.
     slots = 2 * num_pairs + draw(seq_len - 2 * num_pairs, num_pairs)  # (b, p)
     order = draw(num_pairs, num_pairs)  # (b, p): which pair each slot asks for

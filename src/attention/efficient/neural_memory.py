@@ -1,4 +1,4 @@
-r"""Titans' neural memory: a model trained online, at test time, to map keys to values (chapter 11).
+r"""Titans' neural memory: a model trained online, at test time, to map keys to values (chapter 12).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``n`` positions, ``d``
 key/query size, ``e`` value size, ``m`` hidden size of the MLP memory.
@@ -102,41 +102,69 @@ class NeuralMemory(nn.Module):
         [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]]
     """
 
-    def __init__(self, key_dim: int, value_dim: int, *, hidden_dim: int | None = None,
-                 learning_rate: float = 0.1, momentum: float = 0.0, forgetting: float = 0.0,
-                 gradient_at: str = "forgotten", dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        key_dim: int,
+        value_dim: int,
+        *,
+        hidden_dim: int | None = None,
+        learning_rate: float = 0.1,
+        momentum: float = 0.0,
+        forgetting: float = 0.0,
+        gradient_at: str = "forgotten",
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
-        self.key_dim, self.value_dim = check_size("key_dim", key_dim), check_size("value_dim",
-                                                                                  value_dim)
-        self.hidden_dim = None if hidden_dim is None else check_size("hidden_dim", hidden_dim)
+        self.key_dim, self.value_dim = (
+            check_size("key_dim", key_dim),
+            check_size("value_dim", value_dim),
+        )
+        self.hidden_dim = (
+            None if hidden_dim is None else check_size("hidden_dim", hidden_dim)
+        )
         self.learning_rate = _check_rate("learning_rate", learning_rate, upper=None)
         self.momentum = _check_rate("momentum", momentum, upper=1.0)
         self.forgetting = _check_rate("forgetting", forgetting, upper=1.0)
-        self.gradient_at = check_choice("gradient_at", gradient_at, ("forgotten", "previous"))
+        self.gradient_at = check_choice(
+            "gradient_at", gradient_at, ("forgotten", "previous")
+        )
         kw = dict(dtype=dtype, device=device)
         if self.hidden_dim is None:
             self.weight = nn.Parameter(torch.zeros(value_dim, key_dim, **kw))
         else:
-            self.weight1 = nn.Parameter(torch.randn(hidden_dim, key_dim, **kw) / math.sqrt(key_dim))
+            self.weight1 = nn.Parameter(
+                torch.randn(hidden_dim, key_dim, **kw) / math.sqrt(key_dim)
+            )
             self.weight2 = nn.Parameter(torch.zeros(value_dim, hidden_dim, **kw))
         self.state: dict[str, list[Tensor]] | None = None
 
     def extra_repr(self) -> str:
-        kind = "linear" if self.hidden_dim is None else f"mlp, hidden_dim={self.hidden_dim}"
-        return (f"key_dim={self.key_dim}, value_dim={self.value_dim}, {kind}, "
-                f"learning_rate={self.learning_rate}, momentum={self.momentum}, "
-                f"forgetting={self.forgetting}, gradient_at={self.gradient_at!r}")
+        kind = (
+            "linear"
+            if self.hidden_dim is None
+            else f"mlp, hidden_dim={self.hidden_dim}"
+        )
+        return (
+            f"key_dim={self.key_dim}, value_dim={self.value_dim}, {kind}, "
+            f"learning_rate={self.learning_rate}, momentum={self.momentum}, "
+            f"forgetting={self.forgetting}, gradient_at={self.gradient_at!r}"
+        )
 
     # ----------------------------------------------------------------- state
 
     def _initial(self) -> list[Tensor]:
-        return [self.weight] if self.hidden_dim is None else [self.weight1, self.weight2]
+        return (
+            [self.weight] if self.hidden_dim is None else [self.weight1, self.weight2]
+        )
 
     def reset(self, batch_shape: tuple[int, ...] = ()) -> None:
         """Start again from the initial weights, one copy per batch element, zero momentum."""
         weights = [w.expand(*batch_shape, *w.shape) for w in self._initial()]
-        self.state = {"weights": weights, "momentum": [torch.zeros_like(w) for w in weights]}
+        self.state = {
+            "weights": weights,
+            "momentum": [torch.zeros_like(w) for w in weights],
+        }
 
     @property
     def weights(self) -> list[Tensor]:
@@ -145,7 +173,9 @@ class NeuralMemory(nn.Module):
 
     # ----------------------------------------------------------------- memory as a function
 
-    def _apply(self, fn, recurse=True):  # keep the running state on the module's device/dtype
+    def _apply(
+        self, fn, recurse=True
+    ):  # keep the running state on the module's device/dtype
         module = super()._apply(fn, recurse)
         if self.state is not None:
             self.state = {key: [fn(t) for t in ts] for key, ts in self.state.items()}
@@ -166,15 +196,23 @@ class NeuralMemory(nn.Module):
         hidden = F.silu(pre)
         residual = (weights[1] @ hidden.unsqueeze(-1)).squeeze(-1) - v  # (..., e)
         grad2 = residual.unsqueeze(-1) * hidden.unsqueeze(-2)  # (..., e, m)
-        back = (weights[1].transpose(-2, -1) @ residual.unsqueeze(-1)).squeeze(-1)  # (..., m)
+        back = (weights[1].transpose(-2, -1) @ residual.unsqueeze(-1)).squeeze(
+            -1
+        )  # (..., m)
         grad1 = (back * _silu_grad(pre)).unsqueeze(-1) * k.unsqueeze(-2)  # (..., m, d)
         return [grad1, grad2]
 
     # ----------------------------------------------------------------- public
 
-    def update(self, keys: Tensor, values: Tensor, *, learning_rate: Tensor | float | None = None,
-               momentum: Tensor | float | None = None,
-               forgetting: Tensor | float | None = None) -> Tensor:
+    def update(
+        self,
+        keys: Tensor,
+        values: Tensor,
+        *,
+        learning_rate: Tensor | float | None = None,
+        momentum: Tensor | float | None = None,
+        forgetting: Tensor | float | None = None,
+    ) -> Tensor:
         r"""Store ``n`` key→value pairs, one gradient step per token, in order.
 
         Args:
@@ -190,11 +228,14 @@ class NeuralMemory(nn.Module):
         self._check_inputs(keys, values)
         n = keys.shape[-2]
         batch = keys.shape[:-2]
-        rates = [self._rate(name, given, fixed, keys, upper)
-                 for name, given, fixed, upper in (
-                     ("learning_rate", learning_rate, self.learning_rate, None),
-                     ("momentum", momentum, self.momentum, 1.0),
-                     ("forgetting", forgetting, self.forgetting, 1.0))]
+        rates = [
+            self._rate(name, given, fixed, keys, upper)
+            for name, given, fixed, upper in (
+                ("learning_rate", learning_rate, self.learning_rate, None),
+                ("momentum", momentum, self.momentum, 1.0),
+                ("forgetting", forgetting, self.forgetting, 1.0),
+            )
+        ]
         if self.state is None or self.state["weights"][0].shape[:-2] != batch:
             self.reset(tuple(batch))
         weights, moment = self.state["weights"], self.state["momentum"]
@@ -210,7 +251,9 @@ class NeuralMemory(nn.Module):
             moment = [eta * s - theta * gr for s, gr in zip(moment, grads, strict=True)]
             weights = [w + s for w, s in zip(forgotten, moment, strict=True)]
         self.state = {"weights": weights, "momentum": moment}
-        return torch.stack(surprise, dim=-1) if surprise else keys.new_zeros(batch + (0,))
+        return (
+            torch.stack(surprise, dim=-1) if surprise else keys.new_zeros(batch + (0,))
+        )
 
     def retrieve(self, queries: Tensor) -> Tensor:
         """Read the memory: ``M(q)`` for ``queries`` ``(..., i, d)``, no update. Returns ``(..., i, e)``."""
@@ -227,21 +270,27 @@ class NeuralMemory(nn.Module):
         """
         check_tensor("query", query, floating=True, min_dim=2)
         if query.shape[:-1] != key.shape[:-1]:
-            raise ValueError(f"query must have the shape (..., n, d) of key, got "
-                             f"{tuple(query.shape)} and {tuple(key.shape)}")
+            raise ValueError(
+                f"query must have the shape (..., n, d) of key, got "
+                f"{tuple(query.shape)} and {tuple(key.shape)}"
+            )
         outputs = []
         for t in range(key.shape[-2]):
-            one = {name: (r[..., t:t + 1] if isinstance(r, Tensor) else r)
-                   for name, r in rates.items()}
-            self.update(key[..., t:t + 1, :], value[..., t:t + 1, :], **one)
-            outputs.append(self.retrieve(query[..., t:t + 1, :]))
+            one = {
+                name: (r[..., t : t + 1] if isinstance(r, Tensor) else r)
+                for name, r in rates.items()
+            }
+            self.update(key[..., t : t + 1, :], value[..., t : t + 1, :], **one)
+            outputs.append(self.retrieve(query[..., t : t + 1, :]))
         return torch.cat(outputs, dim=-2) if outputs else value.new_zeros(value.shape)
 
     # ----------------------------------------------------------------- checks
 
     def _check_last(self, name: str, x: Tensor, size: int, what: str) -> None:
         if x.shape[-1] != size:
-            raise ValueError(f"{name} must have last dimension {what} = {size}, got {x.shape[-1]}")
+            raise ValueError(
+                f"{name} must have last dimension {what} = {size}, got {x.shape[-1]}"
+            )
 
     def _check_inputs(self, keys, values) -> None:
         check_tensor("keys", keys, floating=True, min_dim=2)
@@ -249,8 +298,10 @@ class NeuralMemory(nn.Module):
         self._check_last("keys", keys, self.key_dim, "d = key_dim")
         self._check_last("values", values, self.value_dim, "e = value_dim")
         if keys.shape[:-1] != values.shape[:-1]:
-            raise ValueError(f"keys and values must share (..., n), got {tuple(keys.shape)} and "
-                             f"{tuple(values.shape)}")
+            raise ValueError(
+                f"keys and values must share (..., n), got {tuple(keys.shape)} and "
+                f"{tuple(values.shape)}"
+            )
         check_like("keys", keys, "the memory's weights", self.weights[0])
         check_like("values", values, "the memory's weights", self.weights[0])
 
@@ -265,9 +316,11 @@ class NeuralMemory(nn.Module):
         check_tensor(name, given, floating=True)
         check_has_data(name, given)
         if ((given < 0) | (given > (upper if upper is not None else torch.inf))).any():
-            raise ValueError(f"{name} {_bound(upper)}, got values from "
-                             f"{given.detach().min().item():.4g} to "
-                             f"{given.detach().max().item():.4g}")
+            raise ValueError(
+                f"{name} {_bound(upper)}, got values from "
+                f"{given.detach().min().item():.4g} to "
+                f"{given.detach().max().item():.4g}"
+            )
         return given.to(keys.dtype).expand(keys.shape[:-1])
 
 

@@ -1,4 +1,4 @@
-"""Sparse attention patterns: which keys each query may see (taught in chapter 12).
+"""Sparse attention patterns: which keys each query may see (taught in chapter 13).
 
 Each builder returns a boolean mask, **True = may attend**, as in
 ``torch.nn.functional.scaled_dot_product_attention``; it broadcasts to the ``(b, h, i, j)``
@@ -53,7 +53,11 @@ def _room_for(i: int, j: int, device) -> None:
     """An ``(i, j)`` boolean mask must fit in memory: find out before building it."""
     try:
         torch.empty(i, j, dtype=torch.bool, device=device)
-    except (RuntimeError, OverflowError, TypeError):  # too large for memory, or for int64
+    except (
+        RuntimeError,
+        OverflowError,
+        TypeError,
+    ):  # too large for memory, or for int64
         raise ValueError(f"an ({i}, {j}) mask does not fit in memory") from None
 
 
@@ -162,7 +166,12 @@ def _global_index(n: int, global_idx, device) -> Tensor:
             ) from err
     if idx.numel() == 0:  # an empty list arrives as float: no global tokens
         idx = idx.long()
-    if idx.dim() > 1 or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+    if (
+        idx.dim() > 1
+        or idx.is_floating_point()
+        or idx.is_complex()
+        or idx.dtype == torch.bool
+    ):
         raise ValueError(
             f"global_idx must be a 1-D sequence of integer positions, got dtype {idx.dtype} "
             f"and shape {tuple(idx.shape)}"
@@ -250,8 +259,12 @@ def bigbird_mask(
     n = check_int("n", n, minimum=0)
     B = check_int("block_size", block_size, minimum=1)
     blocks = -(-n // B)
-    num_global = _count_at_most("num_global", num_global, blocks, "ceil(n / block_size)")
-    num_random = _count_at_most("num_random", num_random, blocks, "ceil(n / block_size)")
+    num_global = _count_at_most(
+        "num_global", num_global, blocks, "ceil(n / block_size)"
+    )
+    num_random = _count_at_most(
+        "num_random", num_random, blocks, "ceil(n / block_size)"
+    )
     if generator is not None and seed is not None:
         raise ValueError("pass either generator or seed, not both")
     # the random keys are drawn on the CPU, so a seed means the same mask everywhere
@@ -259,10 +272,14 @@ def bigbird_mask(
     if seed is not None:
         seed = check_int("seed", seed, minimum=-(2**63))
         if seed >= 2**64:
-            raise ValueError(f"seed must fit in 64 bits, in [-2**63, 2**64), got {seed}")
+            raise ValueError(
+                f"seed must fit in 64 bits, in [-2**63, 2**64), got {seed}"
+            )
         generator = torch.Generator().manual_seed(seed)
     device = check_device("device", device)
-    layout = global_tokens_mask(blocks, window, range(num_global))  # (blocks, blocks), CPU
+    layout = global_tokens_mask(
+        blocks, window, range(num_global)
+    )  # (blocks, blocks), CPU
     if num_random:
         # per row, the num_random candidates with the smallest of independent uniforms: a
         # uniformly random subset of the blocks outside the window and the global blocks
@@ -311,14 +328,21 @@ def block_sparse_mask(
         i = j = check_int("n", n, minimum=0)
     _check_layout_fits(layout, block_size, i, j)
     _room_for(i, j, layout.device)
-    block_size = min(block_size, max(i, j, 1))  # the same blocks: each is the whole length
+    block_size = min(
+        block_size, max(i, j, 1)
+    )  # the same blocks: each is the whole length
     query_block = torch.arange(i, device=layout.device) // block_size  # (i,)
     key_block = torch.arange(j, device=layout.device) // block_size  # (j,)
     return layout[query_block[:, None], key_block[None, :]]  # (i, j)
 
 
 def local_global_layout(
-    num_blocks: int, window: int, num_global: int, *, is_causal: bool = False, device=None
+    num_blocks: int,
+    window: int,
+    num_global: int,
+    *,
+    is_causal: bool = False,
+    device=None,
 ) -> Tensor:
     """A block layout: a band of ``window`` neighbouring blocks plus ``num_global`` global blocks.
 

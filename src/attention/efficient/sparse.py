@@ -1,4 +1,4 @@
-"""Sparse attention that computes only the kept blocks (taught in chapter 12).
+"""Sparse attention that computes only the kept blocks (taught in chapter 13).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size; ``B`` is a block
@@ -23,8 +23,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import broadcast_shapes, check_same_device, check_size, validate_attention
-from .._core import _matmul_skipping, default_scale, expand_kv_heads, masked_softmax, poisoned_rows
+from .._checks import (
+    broadcast_shapes,
+    check_same_device,
+    check_size,
+    validate_attention,
+)
+from .._core import (
+    _matmul_skipping,
+    default_scale,
+    expand_kv_heads,
+    masked_softmax,
+    poisoned_rows,
+)
 from . import _sparse_cpu
 from ._patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
 
@@ -43,7 +54,9 @@ def _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa):
     float mask is cast to the query's dtype (torch 2.13's fused CPU kernel misreads a
     float32 mask with batch axes next to float64 inputs).
     """
-    scores_shape = validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    scores_shape = validate_attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa
+    )
     batch = scores_shape[:-2]  # (..., h)
     if enable_gqa:
         key, value = expand_kv_heads(key, batch[-1]), expand_kv_heads(value, batch[-1])
@@ -71,7 +84,9 @@ def _trivial_output(query: Tensor, key: Tensor, value: Tensor) -> Tensor | None:
     graph. On the meta device: an empty tensor of the output's shape.
     """
     if query.shape[-2] == 0 or key.shape[-2] == 0:
-        return query[..., :0].sum(-1, keepdim=True) + value[..., :0, :].sum(-2, keepdim=True)
+        return query[..., :0].sum(-1, keepdim=True) + value[..., :0, :].sum(
+            -2, keepdim=True
+        )
     if query.device.type == "meta":  # shapes only
         return query.new_empty(*query.shape[:-1], value.shape[-1])
     return None
@@ -82,13 +97,18 @@ def _gather_mask(mask: Tensor, i: int, j: int, rows: Tensor, cols: Tensor) -> Te
 
     ``mask`` broadcasts to ``(..., i, j)``; only the gathered entries are materialised.
     """
-    mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape)) if mask.dim() < 2 else mask
+    mask = (
+        mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
+        if mask.dim() < 2
+        else mask
+    )
     mask = mask.expand(*mask.shape[:-2], i, j)  # a view: broadcast axes have stride 0
     return mask[..., rows[:, :, None], cols[:, None, :]]
 
 
-def _fused_tile_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                          scale: float) -> Tensor:
+def _fused_tile_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
+) -> Tensor:
     """PyTorch's fused kernel on tiles ``(..., c, B, d)``, ``(..., c, T, d)``, ``(..., c, T, e)``.
 
     It keeps each tile's scores in cache instead of writing them to memory. It wants 4-D
@@ -96,18 +116,31 @@ def _fused_tile_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     attend) or float (added), broadcastable to ``(..., c, B, T)``; a row that sees no key
     is zero.
     """
-    lead = broadcast_shapes("the tiles' batch dims", q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    lead = broadcast_shapes(
+        "the tiles' batch dims", q.shape[:-3], k.shape[:-3], v.shape[:-3]
+    )
     if mask is not None:
         lead = broadcast_shapes("the tiles' batch dims", lead, mask.shape[:-3])
-        mask = mask.expand(*lead, *mask.shape[-3:]).reshape(lead.numel(), *mask.shape[-3:])
-    q, k, v = (t.expand(*lead, *t.shape[-3:]).reshape(lead.numel(), *t.shape[-3:])
-               for t in (q, k, v))
+        mask = mask.expand(*lead, *mask.shape[-3:]).reshape(
+            lead.numel(), *mask.shape[-3:]
+        )
+    q, k, v = (
+        t.expand(*lead, *t.shape[-3:]).reshape(lead.numel(), *t.shape[-3:])
+        for t in (q, k, v)
+    )
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(*lead, *out.shape[-3:])  # (..., c, B, e)
 
 
-def _masked_tile_attention(q: Tensor, k: Tensor, v: Tensor, hide: Tensor | None,
-                           bias: Tensor | None, scale: float, finite_values: bool) -> Tensor:
+def _masked_tile_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    hide: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    finite_values: bool,
+) -> Tensor:
     r"""Attention inside tiles, written out: :math:`\operatorname{softmax}(q k^\top s + \text{bias}) v`.
 
     Args:
@@ -138,8 +171,15 @@ def _masked_tile_attention(q: Tensor, k: Tensor, v: Tensor, hide: Tensor | None,
     return _matmul_skipping(weights, v, hide, finite_values)  # (..., c, B, e)
 
 
-def _band_tile_attention(q: Tensor, k: Tensor, v: Tensor, band_bias: Tensor, outside_band: Tensor,
-                         scale: float, finite_values: bool) -> Tensor:
+def _band_tile_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band_bias: Tensor,
+    outside_band: Tensor,
+    scale: float,
+    finite_values: bool,
+) -> Tensor:
     """:func:`_masked_tile_attention` for tiles that share one band and reach no padding.
 
     The band is added to the scores as a ``(B, T)`` bias of 0 / -inf (a broadcast
@@ -167,9 +207,16 @@ def _all_finite(*tensors: Tensor) -> bool:
 
 
 def sliding_window_attention(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: Tensor | None = None, is_causal: bool = False,
-    scale: float | None = None, enable_gqa: bool = False, window, block_size: int | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    window,
+    block_size: int | None = None,
 ) -> Tensor:
     r"""Local attention in :math:`O(n \cdot w)` time and memory, equal to dense attention + band mask.
 
@@ -219,7 +266,8 @@ def sliding_window_attention(
         [0.0, 0.5, 1.5, 2.5]
     """
     query, key, value, attn_mask, scale = _prepare(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        query, key, value, attn_mask, is_causal, scale, enable_gqa
+    )
     i, j = query.shape[-2], key.shape[-2]
     left, right = _window_bounds(window, i, j)
     left, right = _causal_bounds(left, right, is_causal, i, j)
@@ -235,21 +283,36 @@ def sliding_window_attention(
     return _poison(out, query, key, scale)
 
 
-def _sliding_window(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float,
-                    left: int, right: int, B: int, *,
-                    chunk_elements: int = _CHUNK_ELEMENTS) -> Tensor:
+def _sliding_window(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    left: int,
+    right: int,
+    B: int,
+    *,
+    chunk_elements: int = _CHUNK_ELEMENTS,
+) -> Tensor:
     """The unchecked core of :func:`sliding_window_attention` (batch dims already broadcast)."""
     i, j, d, e = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     nb = -(-i // B)  # number of query blocks
     T = left + B + right  # keys per tile
-    first = j - i - left  # key position of tile 0's first key; tile c starts at c*B + first
+    first = (
+        j - i - left
+    )  # key position of tile 0's first key; tile c starts at c*B + first
     span = (nb - 1) * B + T  # key positions covered by all tiles together
     before, after = max(0, -first), max(0, first + span - j)
 
     q = _pad_positions(query, 0, nb * B - i).unflatten(-2, (nb, B))  # (..., c, B, d)
     # Tile c holds keys c*B + first ... c*B + first + T - 1: a strided view, no copy yet.
-    k = _pad_positions(key, before, after)[..., first + before:first + before + span, :]
-    v = _pad_positions(value, before, after)[..., first + before:first + before + span, :]
+    k = _pad_positions(key, before, after)[
+        ..., first + before : first + before + span, :
+    ]
+    v = _pad_positions(value, before, after)[
+        ..., first + before : first + before + span, :
+    ]
     k = k.unfold(-2, T, B).transpose(-1, -2)  # (..., c, T, d)
     v = v.unfold(-2, T, B).transpose(-1, -2)  # (..., c, T, e)
 
@@ -269,7 +332,9 @@ def _sliding_window(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     # Only the tiles at the two ends reach into the zero padding (and hold the queries that
     # may see no key): they go one at a time through the general path. The tiles between
     # share one band, added to their scores as 0 / -inf.
-    edges = set(padding.any(dim=-1).nonzero().flatten().tolist()) if mask is None else set()
+    edges = (
+        set(padding.any(dim=-1).nonzero().flatten().tolist()) if mask is None else set()
+    )
     band_bias = torch.zeros(B, T, dtype=query.dtype, device=query.device)
     band_bias = band_bias.masked_fill(outside_band, float("-inf"))  # (B, T)
     outs, c0 = [], 0
@@ -281,13 +346,22 @@ def _sliding_window(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
         blocks = slice(c0, c1)
         qc, kc, vc = q[..., blocks, :, :], k[..., blocks, :, :], v[..., blocks, :, :]
         if mask is None and c0 not in edges:
-            outs.append(_band_tile_attention(qc, kc, vc, band_bias, outside_band, scale, finite))
+            outs.append(
+                _band_tile_attention(qc, kc, vc, band_bias, outside_band, scale, finite)
+            )
         else:
             hide, bias = outside_band | padding[blocks, None, :], None  # (c, B, T)
             if mask is not None:
-                tile = _gather_mask(mask, i, j, query_pos[blocks].clamp(max=i - 1),
-                                    key_pos[blocks].clamp(0, j - 1))  # (..., c, B, T)
-                hide, bias = (hide | ~tile, None) if tile.dtype == torch.bool else (hide, tile)
+                tile = _gather_mask(
+                    mask,
+                    i,
+                    j,
+                    query_pos[blocks].clamp(max=i - 1),
+                    key_pos[blocks].clamp(0, j - 1),
+                )  # (..., c, B, T)
+                hide, bias = (
+                    (hide | ~tile, None) if tile.dtype == torch.bool else (hide, tile)
+                )
             outs.append(_masked_tile_attention(qc, kc, vc, hide, bias, scale, finite))
         c0 = c1
     out = torch.cat(outs, dim=-3)  # (..., c, B, e)
@@ -295,9 +369,16 @@ def _sliding_window(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
 
 
 def block_sparse_attention(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: Tensor | None = None, is_causal: bool = False,
-    scale: float | None = None, enable_gqa: bool = False, layout: Tensor, block_size: int,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    layout: Tensor,
+    block_size: int,
 ) -> Tensor:
     r"""Attention computed only on the kept ``(query block, key block)`` tiles.
 
@@ -353,7 +434,8 @@ def block_sparse_attention(
         [0.5, 0.5, 2.5, 2.5]
     """
     query, key, value, attn_mask, scale = _prepare(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        query, key, value, attn_mask, is_causal, scale, enable_gqa
+    )
     _check_layout(layout)
     B = check_size("block_size", block_size)
     i, j = query.shape[-2], key.shape[-2]
@@ -367,13 +449,24 @@ def block_sparse_attention(
         out = _sparse_cpu.block_sparse_runs(query, key, value, layout, B, scale)
         if out is not None:
             return _poison(out, query, key, scale)
-    out = _block_sparse_gather(query, key, value, attn_mask, is_causal, scale, layout, B)
+    out = _block_sparse_gather(
+        query, key, value, attn_mask, is_causal, scale, layout, B
+    )
     return _poison(out, query, key, scale)
 
 
-def _block_sparse_gather(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-                         is_causal: bool, scale: float, layout: Tensor, B: int, *,
-                         chunk_elements: int = _CHUNK_ELEMENTS) -> Tensor:
+def _block_sparse_gather(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    layout: Tensor,
+    B: int,
+    *,
+    chunk_elements: int = _CHUNK_ELEMENTS,
+) -> Tensor:
     """The readable path of :func:`block_sparse_attention` (inputs checked, batch broadcast)."""
     i, j, d, e = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     batch = query.shape[:-2]
@@ -381,9 +474,13 @@ def _block_sparse_gather(query: Tensor, key: Tensor, value: Tensor, mask: Tensor
     # A lone block is as long as the sequence: queries (keys) are padded only up to the
     # next multiple of B when there are several blocks, i.e. by less than i (j).
     Bq, Bk = (B if nbq > 1 else i), (B if nbk > 1 else j)
-    q = _pad_positions(query, 0, nbq * Bq - i).unflatten(-2, (nbq, Bq))  # (..., c, B, d)
+    q = _pad_positions(query, 0, nbq * Bq - i).unflatten(
+        -2, (nbq, Bq)
+    )  # (..., c, B, d)
     k = _pad_positions(key, 0, nbk * Bk - j).unflatten(-2, (nbk, Bk))  # (..., kb, B, d)
-    v = _pad_positions(value, 0, nbk * Bk - j).unflatten(-2, (nbk, Bk))  # (..., kb, B, e)
+    v = _pad_positions(value, 0, nbk * Bk - j).unflatten(
+        -2, (nbk, Bk)
+    )  # (..., kb, B, e)
     hides = mask is not None or is_causal or j % Bk != 0  # some kept keys are hidden
     finite = not hides or _all_finite(key, value)
 
@@ -396,10 +493,12 @@ def _block_sparse_gather(query: Tensor, key: Tensor, value: Tensor, mask: Tensor
             continue
         rows = (counts == count).nonzero().flatten()  # (g,)
         cols = layout[rows].nonzero()[:, 1].view(len(rows), count)  # (g, count), sorted
-        per_block = batch.numel() * count * Bk * (Bq + d + e + (0 if finite else Bq * e))
+        per_block = (
+            batch.numel() * count * Bk * (Bq + d + e + (0 if finite else Bq * e))
+        )
         step = _blocks_per_step(per_block, chunk_elements)
         for g0 in range(0, len(rows), step):
-            r, kc = rows[g0:g0 + step], cols[g0:g0 + step]  # (g,), (g, count)
+            r, kc = rows[g0 : g0 + step], cols[g0 : g0 + step]  # (g,), (g, count)
             kt = k.index_select(-3, kc.flatten()).flatten(-3, -2)  # (..., g*count*B, d)
             vt = v.index_select(-3, kc.flatten()).flatten(-3, -2)  # (..., g*count*B, e)
             kt = kt.unflatten(-2, (len(r), count * Bk))  # (..., g, T, d)
@@ -407,28 +506,50 @@ def _block_sparse_gather(query: Tensor, key: Tensor, value: Tensor, mask: Tensor
             qt = q.index_select(-3, r)  # (..., g, B, d)
             hide = bias = None
             if hides:
-                query_pos = r[:, None] * Bq + torch.arange(Bq, device=r.device)  # (g, B)
-                key_pos = (kc[:, :, None] * Bk + torch.arange(Bk, device=r.device)).flatten(1)
+                query_pos = r[:, None] * Bq + torch.arange(
+                    Bq, device=r.device
+                )  # (g, B)
+                key_pos = (
+                    kc[:, :, None] * Bk + torch.arange(Bk, device=r.device)
+                ).flatten(1)
                 hide = (key_pos >= j)[:, None, :]  # (g, 1, T): the padding
                 if is_causal:
-                    hide = hide | (key_pos[:, None, :] > query_pos[:, :, None])  # (g, B, T)
+                    hide = hide | (
+                        key_pos[:, None, :] > query_pos[:, :, None]
+                    )  # (g, B, T)
                 if mask is not None:
-                    tile = _gather_mask(mask, i, j, query_pos.clamp(max=i - 1),
-                                        key_pos.clamp(max=j - 1))  # (..., g, B, T)
-                    hide, bias = (hide | ~tile, None) if tile.dtype == torch.bool else (hide, tile)
+                    tile = _gather_mask(
+                        mask, i, j, query_pos.clamp(max=i - 1), key_pos.clamp(max=j - 1)
+                    )  # (..., g, B, T)
+                    hide, bias = (
+                        (hide | ~tile, None)
+                        if tile.dtype == torch.bool
+                        else (hide, tile)
+                    )
             if finite:
                 fused_mask = None if hide is None else ~hide
                 if bias is not None:
                     fused_mask = bias.masked_fill(hide, float("-inf"))
                 pieces.append(_fused_tile_attention(qt, kt, vt, fused_mask, scale))
             else:
-                pieces.append(_masked_tile_attention(qt, kt, vt, hide, bias, scale, False))
+                pieces.append(
+                    _masked_tile_attention(qt, kt, vt, hide, bias, scale, False)
+                )
             order.append(r)
     if not pieces:  # an all-False layout: an empty step keeps the output in the graph
         none = torch.zeros(0, dtype=torch.long, device=query.device)
-        pieces.append(_fused_tile_attention(q.index_select(-3, none), k.index_select(-3, none),
-                                            v.index_select(-3, none), None, scale))
+        pieces.append(
+            _fused_tile_attention(
+                q.index_select(-3, none),
+                k.index_select(-3, none),
+                v.index_select(-3, none),
+                None,
+                scale,
+            )
+        )
         order.append(none)
     out = q.new_zeros(*batch, nbq, Bq, e)
-    out = out.index_copy(-3, torch.cat(order), torch.cat(pieces, dim=-3))  # (..., c, B, e)
+    out = out.index_copy(
+        -3, torch.cat(order), torch.cat(pieces, dim=-3)
+    )  # (..., c, B, e)
     return out.flatten(-3, -2)[..., :i, :]  # (..., i, e)

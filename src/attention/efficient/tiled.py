@@ -1,4 +1,4 @@
-r"""Memory-efficient exact attention: the online softmax and tiled attention (chapters 13, 14).
+r"""Memory-efficient exact attention: the online softmax and tiled attention (chapters 14, 15).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads (``h_kv`` key/value
 heads), ``i`` query positions, ``j`` key positions, ``d`` query/key size, ``e`` value size,
@@ -15,10 +15,10 @@ sum is rescaled:
 
 Attention applies the same recurrence to a running output as well, one key/value block
 at a time :cite:`rabe2021self,dao2022flashattention`, so the ``(i, j)`` score matrix is
-never built: only ``(i, block)`` tiles are (chapter 13). The backward pass recomputes the
+never built: only ``(i, block)`` tiles are (chapter 14). The backward pass recomputes the
 tiles from the saved per-row log-sum-exp instead of storing them, as FlashAttention-2
 does :cite:`dao2023flashattention2`, so training memory is linear in the sequence too
-(chapter 14).
+(chapter 15).
 
 Mask convention: boolean, **True = may attend**, broadcastable to ``(..., i, j)``, as in
 ``torch.nn.functional.scaled_dot_product_attention``; a float mask is *added* to the
@@ -30,7 +30,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_bool, check_dim, check_int, check_size, check_tensor, validate_attention
+from .._checks import (
+    check_bool,
+    check_dim,
+    check_int,
+    check_size,
+    check_tensor,
+    validate_attention,
+)
 from .._core import default_scale, poisoned_rows
 from ._tiled import _INF, _backward, _forward, _shift, _TiledAttention  # noqa: F401 (kept importable here)
 
@@ -79,13 +86,16 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
         block = x_last[..., start : start + block_size]  # (..., block)
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
         shift = _shift(m_new)
-        l = l * torch.exp(m - shift) + torch.exp(block - shift).sum(dim=-1, keepdim=True)  # noqa: E741
+        rescaled_old = l * torch.exp(m - shift)  # the old sum, moved to the new max
+        l = rescaled_old + torch.exp(block - shift).sum(dim=-1, keepdim=True)  # noqa: E741
         m = m_new
     out = torch.exp(x_last - _shift(m)) / l  # (..., n)
     return out.movedim(-1, dim)
 
 
-def online_softmax_blocked(x: Tensor, dim: int = -1, *, block_size: int = 128) -> Tensor:
+def online_softmax_blocked(
+    x: Tensor, dim: int = -1, *, block_size: int = 128
+) -> Tensor:
     """The blockwise online softmax: :func:`online_softmax` reading ``block_size`` at a time."""
     return online_softmax(x, dim, block_size=block_size)
 
@@ -93,7 +103,9 @@ def online_softmax_blocked(x: Tensor, dim: int = -1, *, block_size: int = 128) -
 # ----------------------------------------------------------------------------- public function
 
 
-def _validate(query, key, value, attn_mask, is_causal, scale, enable_gqa, block_size, return_lse):
+def _validate(
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, block_size, return_lse
+):
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     check_bool("return_lse", return_lse)
     check_size("block_size", block_size, minimum=1)
@@ -175,24 +187,47 @@ def tiled_attention(
         >>> torch.allclose(tiled_attention(q, k, v, block_size=3), ref, atol=1e-6)
         True
     """
-    _validate(query, key, value, attn_mask, is_causal, scale, enable_gqa, block_size, return_lse)
+    _validate(
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        block_size,
+        return_lse,
+    )
     d, j = query.shape[-1], key.shape[-2]
     scale = default_scale(scale, d)
     block_size = min(block_size, max(j, 1))
     if attn_mask is not None and attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(query.dtype)  # a float32 mask on float64 scores, as torch allows
+        attn_mask = attn_mask.to(
+            query.dtype
+        )  # a float32 mask on float64 scores, as torch allows
     q, k, v, mask = query, key, value, attn_mask
-    if mask is not None and mask.dim() < 2:  # a (j,) or scalar mask: give it an (i, j) view
+    if (
+        mask is not None and mask.dim() < 2
+    ):  # a (j,) or scalar mask: give it an (i, j) view
         mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
     if enable_gqa:  # (..., h, i, d) -> (..., h_kv, r, i, d); keys get a size-1 axis r
         q = query.unflatten(-3, (key.shape[-3], query.shape[-3] // key.shape[-3]))
         k, v = key.unsqueeze(-3), value.unsqueeze(-3)
         if mask is not None and mask.dim() >= 3:
-            mask = mask.unflatten(-3, q.shape[-4:-2]) if mask.shape[-3] > 1 else mask.unsqueeze(-3)
+            mask = (
+                mask.unflatten(-3, q.shape[-4:-2])
+                if mask.shape[-3] > 1
+                else mask.unsqueeze(-3)
+            )
     out, lse = _TiledAttention.apply(q, k, v, mask, is_causal, scale, block_size)
     if enable_gqa:
         out, lse = out.flatten(-4, -3), lse.flatten(-3, -2)  # back to (..., h, i, *)
-    bad = poisoned_rows(query, key, scale, enable_gqa)  # a skipped or masked +inf/NaN score
+    bad = poisoned_rows(
+        query, key, scale, enable_gqa
+    )  # a skipped or masked +inf/NaN score
     if bad is not None:
-        out, lse = out.masked_fill(bad, float("nan")), lse.masked_fill(bad.squeeze(-1), float("nan"))
+        out, lse = (
+            out.masked_fill(bad, float("nan")),
+            lse.masked_fill(bad.squeeze(-1), float("nan")),
+        )
     return (out, lse) if return_lse else out

@@ -1,11 +1,11 @@
-r"""FlashAttention-2 as a Triton kernel, forward and backward (chapter 15).
+r"""FlashAttention-2 as a Triton kernel, forward and backward (chapter 16).
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions, ``d``
 query/key/value size.
 
 This module needs the optional dependency Triton (``pip install 'attention-course[triton]'``);
 the rest of the package never imports it. It is the algorithm of :func:`attention.tiled_attention`
-(chapters 13 and 14) written the way a GPU runs it :cite:`dao2023flashattention2`:
+(chapters 14 and 15) written the way a GPU runs it :cite:`dao2023flashattention2`:
 
 * the **forward** kernel is launched on a grid of ``(query blocks, b·h)`` programs; each
   program keeps one block of queries, its running maximum ``m``, running sum ``l`` and an
@@ -64,32 +64,68 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # ---------------------------------------------------------------------------- forward
 @triton.jit
-def _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in, start_n,
-                   num_keys, stride_kn, stride_vn, qk_scale, MASK_CAUSAL: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+def _forward_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_ptrs,
+    v_ptrs,
+    offs_m,
+    offs_n,
+    dims_in,
+    start_n,
+    num_keys,
+    stride_kn,
+    stride_vn,
+    qk_scale,
+    MASK_CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One step of the online softmax: fold one key/value block into the running state."""
     keys_in = (start_n + offs_n) < num_keys
-    inside = keys_in[:, None] & dims_in[None, :]       # rows past j, columns past d: not read
+    inside = (
+        keys_in[:, None] & dims_in[None, :]
+    )  # rows past j, columns past d: not read
     k = tl.load(k_ptrs + start_n * stride_kn, mask=inside, other=0.0)
     v = tl.load(v_ptrs + start_n * stride_vn, mask=inside, other=0.0)
-    qk = tl.dot(q, tl.trans(k)) * qk_scale              # (BLOCK_M, BLOCK_N), in log2 units
+    qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_M, BLOCK_N), in log2 units
     visible = keys_in[None, :]
     if MASK_CAUSAL:
         visible = visible & (offs_m[:, None] >= (start_n + offs_n)[None, :])
     qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))              # running maximum
-    p = tl.math.exp2(qk - m_new[:, None])               # this block's unnormalised weights
-    alpha = tl.math.exp2(m_i - m_new)                   # rescales what came before
+    m_new = tl.maximum(m_i, tl.max(qk, 1))  # running maximum
+    p = tl.math.exp2(qk - m_new[:, None])  # this block's unnormalised weights
+    alpha = tl.math.exp2(m_i - m_new)  # rescales what came before
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _flash_forward(Q, K, V, Out, LSE, num_queries, num_keys, head_dim, qk_scale,
-                   stride_qz, stride_qm, stride_kz, stride_kn, stride_vz, stride_vn,
-                   stride_oz, stride_om, IS_CAUSAL: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _flash_forward(
+    Q,
+    K,
+    V,
+    Out,
+    LSE,
+    num_queries,
+    num_keys,
+    head_dim,
+    qk_scale,
+    stride_qz,
+    stride_qm,
+    stride_kz,
+    stride_kn,
+    stride_vz,
+    stride_vn,
+    stride_oz,
+    stride_om,
+    IS_CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (query block ``start_m``, batch·head ``z``): O and LSE for BLOCK_M queries."""
     start_m = tl.program_id(0)
     z = tl.program_id(1)
@@ -98,8 +134,11 @@ def _flash_forward(Q, K, V, Out, LSE, num_queries, num_keys, head_dim, qk_scale,
     offs_d = tl.arange(0, BLOCK_D)
     dims_in = offs_d < head_dim
     rows_in = offs_m < num_queries
-    q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=rows_in[:, None] & dims_in[None, :], other=0.0)
+    q = tl.load(
+        Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=rows_in[:, None] & dims_in[None, :],
+        other=0.0,
+    )
     k_ptrs = K + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = V + z * stride_vz + offs_n[:, None] * stride_vn + offs_d[None, :]
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
@@ -110,30 +149,87 @@ def _flash_forward(Q, K, V, Out, LSE, num_queries, num_keys, head_dim, qk_scale,
         # 1. key blocks wholly below the diagonal: every query of the block sees every key
         below = tl.minimum(start_m * BLOCK_M, num_keys)
         for start_n in range(0, below, BLOCK_N):
-            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
-                                           start_n, num_keys, stride_kn, stride_vn, qk_scale,
-                                           False, BLOCK_N)
+            acc, m_i, l_i = _forward_block(
+                acc,
+                m_i,
+                l_i,
+                q,
+                k_ptrs,
+                v_ptrs,
+                offs_m,
+                offs_n,
+                dims_in,
+                start_n,
+                num_keys,
+                stride_kn,
+                stride_vn,
+                qk_scale,
+                False,
+                BLOCK_N,
+            )
         # 2. the diagonal block(s): the causal mask is applied only here
         diagonal_end = tl.minimum((start_m + 1) * BLOCK_M, num_keys)
         for start_n in range(below, diagonal_end, BLOCK_N):
-            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
-                                           start_n, num_keys, stride_kn, stride_vn, qk_scale,
-                                           True, BLOCK_N)
+            acc, m_i, l_i = _forward_block(
+                acc,
+                m_i,
+                l_i,
+                q,
+                k_ptrs,
+                v_ptrs,
+                offs_m,
+                offs_n,
+                dims_in,
+                start_n,
+                num_keys,
+                stride_kn,
+                stride_vn,
+                qk_scale,
+                True,
+                BLOCK_N,
+            )
     else:
         for start_n in range(0, num_keys, BLOCK_N):
-            acc, m_i, l_i = _forward_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
-                                           start_n, num_keys, stride_kn, stride_vn, qk_scale,
-                                           False, BLOCK_N)
-    acc = acc / l_i[:, None]                            # the one division, at the end
+            acc, m_i, l_i = _forward_block(
+                acc,
+                m_i,
+                l_i,
+                q,
+                k_ptrs,
+                v_ptrs,
+                offs_m,
+                offs_n,
+                dims_in,
+                start_n,
+                num_keys,
+                stride_kn,
+                stride_vn,
+                qk_scale,
+                False,
+                BLOCK_N,
+            )
+    acc = acc / l_i[:, None]  # the one division, at the end
     tl.store(LSE + z * num_queries + offs_m, m_i + tl.math.log2(l_i), mask=rows_in)
-    tl.store(Out + z * stride_oz + offs_m[:, None] * stride_om + offs_d[None, :],
-             acc.to(Out.dtype.element_ty), mask=rows_in[:, None] & dims_in[None, :])
+    tl.store(
+        Out + z * stride_oz + offs_m[:, None] * stride_om + offs_d[None, :],
+        acc.to(Out.dtype.element_ty),
+        mask=rows_in[:, None] & dims_in[None, :],
+    )
 
 
 # --------------------------------------------------------------------------- backward
 @triton.jit
-def _flash_backward_delta(Out, DO, DELTA, num_queries, head_dim, stride_oz, stride_om,
-                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _flash_backward_delta(
+    Out,
+    DO,
+    DELTA,
+    num_queries,
+    head_dim,
+    stride_oz,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """D_i = rowsum(dO ∘ O): the term every dS_ij of row i subtracts."""
     start_m = tl.program_id(0)
     z = tl.program_id(1)
@@ -143,14 +239,37 @@ def _flash_backward_delta(Out, DO, DELTA, num_queries, head_dim, stride_oz, stri
     offsets = z * stride_oz + offs_m[:, None] * stride_om + offs_d[None, :]
     o = tl.load(Out + offsets, mask=inside, other=0.0).to(tl.float32)
     do = tl.load(DO + offsets, mask=inside, other=0.0).to(tl.float32)
-    tl.store(DELTA + z * num_queries + offs_m, tl.sum(o * do, 1), mask=offs_m < num_queries)
+    tl.store(
+        DELTA + z * num_queries + offs_m, tl.sum(o * do, 1), mask=offs_m < num_queries
+    )
 
 
 @triton.jit
-def _flash_backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, num_queries, num_keys, head_dim,
-                         scale, qk_scale, stride_qz, stride_qm, stride_kz, stride_kn,
-                         stride_vz, stride_vn, IS_CAUSAL: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _flash_backward_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    num_queries,
+    num_keys,
+    head_dim,
+    scale,
+    qk_scale,
+    stride_qz,
+    stride_qm,
+    stride_kz,
+    stride_kn,
+    stride_vz,
+    stride_vn,
+    IS_CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (key block ``start_n``, batch·head ``z``): dK and dV of BLOCK_N keys."""
     start_n = tl.program_id(0)
     z = tl.program_id(1)
@@ -160,10 +279,16 @@ def _flash_backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, num_queries, num_keys,
     dims_in = offs_d < head_dim
     keys_in = offs_n < num_keys
     kv_mask = keys_in[:, None] & dims_in[None, :]
-    k = tl.load(K + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=kv_mask, other=0.0)
-    v = tl.load(V + z * stride_vz + offs_n[:, None] * stride_vn + offs_d[None, :],
-                mask=kv_mask, other=0.0)
+    k = tl.load(
+        K + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    v = tl.load(
+        V + z * stride_vz + offs_n[:, None] * stride_vn + offs_d[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     # a causal key block is seen only by queries at or after its first key
@@ -172,32 +297,64 @@ def _flash_backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, num_queries, num_keys,
         rows = start_m + offs_m
         rows_in = rows < num_queries
         q_mask = rows_in[:, None] & dims_in[None, :]
-        q = tl.load(Q + z * stride_qz + rows[:, None] * stride_qm + offs_d[None, :],
-                    mask=q_mask, other=0.0)
-        do = tl.load(DO + z * stride_qz + rows[:, None] * stride_qm + offs_d[None, :],
-                     mask=q_mask, other=0.0)
+        q = tl.load(
+            Q + z * stride_qz + rows[:, None] * stride_qm + offs_d[None, :],
+            mask=q_mask,
+            other=0.0,
+        )
+        do = tl.load(
+            DO + z * stride_qz + rows[:, None] * stride_qm + offs_d[None, :],
+            mask=q_mask,
+            other=0.0,
+        )
         lse = tl.load(LSE + z * num_queries + rows, mask=rows_in, other=0.0)
         delta = tl.load(DELTA + z * num_queries + rows, mask=rows_in, other=0.0)
-        qk_t = tl.dot(k, tl.trans(q)) * qk_scale        # (BLOCK_N, BLOCK_M), log2 units
+        qk_t = tl.dot(k, tl.trans(q)) * qk_scale  # (BLOCK_N, BLOCK_M), log2 units
         visible = keys_in[:, None] & rows_in[None, :]
         if IS_CAUSAL:
             visible = visible & (rows[None, :] >= offs_n[:, None])
-        p_t = tl.where(visible, tl.math.exp2(qk_t - lse[None, :]), 0.0)   # P recomputed
+        p_t = tl.where(visible, tl.math.exp2(qk_t - lse[None, :]), 0.0)  # P recomputed
         dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk += tl.dot(ds_t.to(q.dtype), q)
-    tl.store(DK + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :],
-             (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + z * stride_vz + offs_n[:, None] * stride_vn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+    tl.store(
+        DK + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :],
+        (dk * scale).to(DK.dtype.element_ty),
+        mask=kv_mask,
+    )
+    tl.store(
+        DV + z * stride_vz + offs_n[:, None] * stride_vn + offs_d[None, :],
+        dv.to(DV.dtype.element_ty),
+        mask=kv_mask,
+    )
 
 
 @triton.jit
-def _flash_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, num_queries, num_keys, head_dim,
-                       scale, qk_scale, stride_qz, stride_qm, stride_kz, stride_kn,
-                       stride_vz, stride_vn, IS_CAUSAL: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _flash_backward_dq(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    num_queries,
+    num_keys,
+    head_dim,
+    scale,
+    qk_scale,
+    stride_qz,
+    stride_qm,
+    stride_kz,
+    stride_kn,
+    stride_vz,
+    stride_vn,
+    IS_CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (query block ``start_m``, batch·head ``z``): dQ of BLOCK_M queries."""
     start_m = tl.program_id(0)
     z = tl.program_id(1)
@@ -207,10 +364,16 @@ def _flash_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, num_queries, num_keys, head_
     dims_in = offs_d < head_dim
     rows_in = offs_m < num_queries
     q_mask = rows_in[:, None] & dims_in[None, :]
-    q = tl.load(Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=q_mask, other=0.0)
-    do = tl.load(DO + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
-                 mask=q_mask, other=0.0)
+    q = tl.load(
+        Q + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=q_mask,
+        other=0.0,
+    )
+    do = tl.load(
+        DO + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=q_mask,
+        other=0.0,
+    )
     lse = tl.load(LSE + z * num_queries + offs_m, mask=rows_in, other=0.0)
     delta = tl.load(DELTA + z * num_queries + offs_m, mask=rows_in, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -219,10 +382,16 @@ def _flash_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, num_queries, num_keys, head_
         cols = start_n + offs_n
         keys_in = cols < num_keys
         kv_mask = keys_in[:, None] & dims_in[None, :]
-        k = tl.load(K + z * stride_kz + cols[:, None] * stride_kn + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(V + z * stride_vz + cols[:, None] * stride_vn + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        k = tl.load(
+            K + z * stride_kz + cols[:, None] * stride_kn + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        v = tl.load(
+            V + z * stride_vz + cols[:, None] * stride_vn + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         visible = rows_in[:, None] & keys_in[None, :]
         if IS_CAUSAL:
@@ -231,8 +400,11 @@ def _flash_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, num_queries, num_keys, head_
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k)
-    tl.store(DQ + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+    tl.store(
+        DQ + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
+        (dq * scale).to(DQ.dtype.element_ty),
+        mask=q_mask,
+    )
 
 
 # ----------------------------------------------------------------------------- launch
@@ -250,8 +422,10 @@ if isinstance(_flash_forward, InterpretedFunction) != INTERPRETED:  # pragma: no
 def _kernel(kernel, device: torch.device):
     """The kernel, compiled for CUDA or interpreted; CPU tensors need the interpreter."""
     if device.type == "cpu" and not INTERPRETED:
-        raise ValueError("CPU tensors run only under Triton's interpreter: set "
-                         "TRITON_INTERPRET=1 before anything imports triton, or use CUDA tensors")
+        raise ValueError(
+            "CPU tensors run only under Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before anything imports triton, or use CUDA tensors"
+        )
     return kernel
 
 
@@ -268,21 +442,44 @@ class _FlashAttentionTriton(torch.autograd.Function):
     def forward(ctx, query, key, value, is_causal, scale, block):
         *lead, num_queries, head_dim = query.shape
         num_keys = key.shape[-2]
-        q = query.reshape(-1, num_queries, head_dim).contiguous()   # (b·h, i, d)
-        k = key.reshape(-1, num_keys, head_dim).contiguous()        # (b·h, j, d)
-        v = value.reshape(-1, num_keys, head_dim).contiguous()      # (b·h, j, d)
+        q = query.reshape(-1, num_queries, head_dim).contiguous()  # (b·h, i, d)
+        k = key.reshape(-1, num_keys, head_dim).contiguous()  # (b·h, j, d)
+        v = value.reshape(-1, num_keys, head_dim).contiguous()  # (b·h, j, d)
         z = q.shape[0]
         out = torch.empty_like(q)
         lse = torch.empty(z, num_queries, device=q.device, dtype=torch.float32)
         block_d = max(16, triton.next_power_of_2(head_dim))
         grid = (triton.cdiv(num_queries, block), z)
         _kernel(_flash_forward, q.device)[grid](
-            q, k, v, out, lse, num_queries, num_keys, head_dim, scale * _LOG2E,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), IS_CAUSAL=is_causal,
-            BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d)
+            q,
+            k,
+            v,
+            out,
+            lse,
+            num_queries,
+            num_keys,
+            head_dim,
+            scale * _LOG2E,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            out.stride(0),
+            out.stride(1),
+            IS_CAUSAL=is_causal,
+            BLOCK_M=block,
+            BLOCK_N=block,
+            BLOCK_D=block_d,
+        )
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.shape, ctx.is_causal, ctx.scale, ctx.block = query.shape, is_causal, scale, block
+        ctx.shape, ctx.is_causal, ctx.scale, ctx.block = (
+            query.shape,
+            is_causal,
+            scale,
+            block,
+        )
         return out.reshape(query.shape), (lse / _LOG2E).reshape(*lead, num_queries)
 
     @staticmethod
@@ -295,75 +492,150 @@ class _FlashAttentionTriton(torch.autograd.Function):
         do = dout.reshape(z, num_queries, head_dim).contiguous()
         delta = torch.empty(z, num_queries, device=q.device, dtype=torch.float32)
         _kernel(_flash_backward_delta, q.device)[(triton.cdiv(num_queries, block), z)](
-            out, do, delta, num_queries, head_dim, out.stride(0), out.stride(1),
-            BLOCK_M=block, BLOCK_D=block_d)
+            out,
+            do,
+            delta,
+            num_queries,
+            head_dim,
+            out.stride(0),
+            out.stride(1),
+            BLOCK_M=block,
+            BLOCK_D=block_d,
+        )
         if dlse is not None:
             # L = log-sum-exp of the row; dL/dS_ij = P_ij, so it adds to dS like dO·V does
             delta = delta - dlse.reshape(z, num_queries).to(torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
-        common = dict(IS_CAUSAL=ctx.is_causal, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d)
+        strides = (
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+        )
+        common = dict(
+            IS_CAUSAL=ctx.is_causal, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d
+        )
         _kernel(_flash_backward_dkdv, q.device)[(triton.cdiv(num_keys, block), z)](
-            q, k, v, do, lse, delta, dk, dv, num_queries, num_keys, head_dim,
-            ctx.scale, ctx.scale * _LOG2E, *strides, **common)
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dk,
+            dv,
+            num_queries,
+            num_keys,
+            head_dim,
+            ctx.scale,
+            ctx.scale * _LOG2E,
+            *strides,
+            **common,
+        )
         _kernel(_flash_backward_dq, q.device)[(triton.cdiv(num_queries, block), z)](
-            q, k, v, do, lse, delta, dq, num_queries, num_keys, head_dim,
-            ctx.scale, ctx.scale * _LOG2E, *strides, **common)
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dq,
+            num_queries,
+            num_keys,
+            head_dim,
+            ctx.scale,
+            ctx.scale * _LOG2E,
+            *strides,
+            **common,
+        )
         shape = ctx.shape
-        return (dq.reshape(shape), dk.reshape(*shape[:-2], num_keys, head_dim),
-                dv.reshape(*shape[:-2], num_keys, head_dim), None, None, None)
+        return (
+            dq.reshape(shape),
+            dk.reshape(*shape[:-2], num_keys, head_dim),
+            dv.reshape(*shape[:-2], num_keys, head_dim),
+            None,
+            None,
+            None,
+        )
 
 
 def _validate(query, key, value, is_causal, scale, block_size):
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, tensor)
         if tensor.dim() < 3:
-            raise ValueError(f"{name} must have shape (..., n, d) with at least one batch "
-                             f"dimension, got {tuple(tensor.shape)}")
+            raise ValueError(
+                f"{name} must have shape (..., n, d) with at least one batch "
+                f"dimension, got {tuple(tensor.shape)}"
+            )
         if tensor.dtype not in _DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32 (the types "
-                            f"Triton's tl.dot multiplies), got {tensor.dtype}")
+            raise TypeError(
+                f"{name} must be float16, bfloat16 or float32 (the types "
+                f"Triton's tl.dot multiplies), got {tensor.dtype}"
+            )
         if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{name} must be on the CPU (Triton's interpreter) or a CUDA "
-                             f"device, got {tensor.device}")
+            raise ValueError(
+                f"{name} must be on the CPU (Triton's interpreter) or a CUDA "
+                f"device, got {tensor.device}"
+            )
     check_bool("is_causal", is_causal)
     if INTERPRETED and query.dtype == torch.bfloat16:
-        raise TypeError("Triton's interpreter computes with NumPy, which has no bfloat16: "
-                        "use float16 or float32 on the CPU, bfloat16 on a CUDA device")
+        raise TypeError(
+            "Triton's interpreter computes with NumPy, which has no bfloat16: "
+            "use float16 or float32 on the CPU, bfloat16 on a CUDA device"
+        )
     if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, "
-                        f"{key.dtype} and {value.dtype}")
+        raise TypeError(
+            f"query, key and value must share one dtype, got {query.dtype}, "
+            f"{key.dtype} and {value.dtype}"
+        )
     if not (query.device == key.device == value.device):
-        raise ValueError(f"query, key and value must be on one device, got {query.device}, "
-                         f"{key.device} and {value.device}")
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, "
+            f"{key.device} and {value.device}"
+        )
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
-        raise ValueError("query, key and value must share their batch and head dimensions "
-                         f"(no broadcasting), got {tuple(query.shape[:-2])}, "
-                         f"{tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}")
+        raise ValueError(
+            "query, key and value must share their batch and head dimensions "
+            f"(no broadcasting), got {tuple(query.shape[:-2])}, "
+            f"{tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
+        )
     if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"key and value must have the same number of positions j, got "
-                         f"{key.shape[-2]} and {value.shape[-2]}")
+        raise ValueError(
+            f"key and value must have the same number of positions j, got "
+            f"{key.shape[-2]} and {value.shape[-2]}"
+        )
     d = query.shape[-1]
     if key.shape[-1] != d or value.shape[-1] != d:
-        raise ValueError("this kernel needs one size d for query, key and value, got "
-                         f"{d}, {key.shape[-1]} and {value.shape[-1]}")
+        raise ValueError(
+            "this kernel needs one size d for query, key and value, got "
+            f"{d}, {key.shape[-1]} and {value.shape[-1]}"
+        )
     if not 1 <= d <= 256:
         raise ValueError(f"the head size d must be between 1 and 256, got {d}")
     if query.shape[-2] == 0 or key.shape[-2] == 0:
-        raise ValueError("query and key need at least one position each, got "
-                         f"i = {query.shape[-2]} and j = {key.shape[-2]}")
+        raise ValueError(
+            "query and key need at least one position each, got "
+            f"i = {query.shape[-2]} and j = {key.shape[-2]}"
+        )
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+            raise TypeError(
+                f"scale must be a float or None, got {type(scale).__name__}"
+            )
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale must be finite and positive, got {scale}")
     if block_size is not None:
         if isinstance(block_size, bool) or not isinstance(block_size, int):
-            raise TypeError(f"block_size must be an int or None, got "
-                            f"{type(block_size).__name__}")
+            raise TypeError(
+                f"block_size must be an int or None, got {type(block_size).__name__}"
+            )
         if block_size < 16 or block_size & (block_size - 1):
-            raise ValueError("block_size must be a power of two of at least 16 (tl.dot's "
-                             f"smallest tile), got {block_size}")
+            raise ValueError(
+                "block_size must be a power of two of at least 16 (tl.dot's "
+                f"smallest tile), got {block_size}"
+            )
 
 
 def flash_attention_triton(
@@ -416,5 +688,7 @@ def flash_attention_triton(
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     block = _blocks(query.device, block_size)
-    out, lse = _FlashAttentionTriton.apply(query, key, value, is_causal, float(scale), block)
+    out, lse = _FlashAttentionTriton.apply(
+        query, key, value, is_causal, float(scale), block
+    )
     return (out, lse) if return_lse else out

@@ -1,4 +1,4 @@
-"""Mask builders (taught in chapter 04; sparse patterns in chapter 12).
+"""Mask builders (taught in chapter 4; sparse patterns in chapter 13).
 
 Convention, everywhere in this package: a mask is **boolean and True means "may attend"**,
 as in ``torch.nn.functional.scaled_dot_product_attention``. It must broadcast to the
@@ -75,7 +75,7 @@ def decoding_mask(num_new: int, num_cached: int, *, device=None) -> Tensor:
     Every new query sees all cached keys plus a causal triangle over the new ones:
     ``(num_new, num_cached + num_new)``, True = may attend. The same as
     ``causal_mask(num_new, num_cached + num_new, align="bottom-right")``, which the
-    package uses; this name stays for chapter 04, which builds it step by step.
+    package uses; this name stays for chapter 4, which builds it step by step.
 
     Example:
         >>> decoding_mask(2, 1).int().tolist()
@@ -83,19 +83,30 @@ def decoding_mask(num_new: int, num_cached: int, *, device=None) -> Tensor:
     """
     num_new = check_int("num_new", num_new, minimum=0)
     num_cached = check_int("num_cached", num_cached, minimum=0)
-    return causal_mask(num_new, num_cached + num_new, align="bottom-right", device=device)
+    return causal_mask(
+        num_new, num_cached + num_new, align="bottom-right", device=device
+    )
 
 
 def _lengths(lengths, device) -> Tensor:
     """``lengths`` as a 1-D LongTensor of non-negative integers (floats are refused)."""
     device = check_device("device", device)
     if isinstance(lengths, Tensor):
-        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-            raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
+        if (
+            lengths.is_floating_point()
+            or lengths.is_complex()
+            or lengths.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"lengths must be an integer tensor, got dtype {lengths.dtype}"
+            )
         if lengths.dim() != 1:
-            raise ValueError(f"lengths must be 1-D, one length per sequence, got shape {tuple(lengths.shape)}")
-        lengths = lengths.to(device=device if device is not None else lengths.device,
-                             dtype=torch.long)
+            raise ValueError(
+                f"lengths must be 1-D, one length per sequence, got shape {tuple(lengths.shape)}"
+            )
+        lengths = lengths.to(
+            device=device if device is not None else lengths.device, dtype=torch.long
+        )
     else:
         try:
             if isinstance(lengths, (str, bytes)):
@@ -109,7 +120,9 @@ def _lengths(lengths, device) -> Tensor:
         for n in lengths:
             if isinstance(n, bool) or not isinstance(n, numbers.Integral):
                 raise TypeError(f"lengths must hold ints, got {type(n).__name__} {n!r}")
-        lengths = torch.tensor([int(n) for n in lengths], dtype=torch.long, device=device)
+        lengths = torch.tensor(
+            [int(n) for n in lengths], dtype=torch.long, device=device
+        )
     check_has_data("lengths", lengths)
     if lengths.numel() and lengths.min() < 0:
         raise ValueError(f"lengths must be >= 0, got {lengths.tolist()}")
@@ -205,7 +218,9 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     for n, m in enumerate(present):
         check_tensor(f"mask {n}", m)
         if m.dtype != torch.bool:
-            raise TypeError(f"combine_masks takes boolean masks (True = may attend), got {m.dtype}")
+            raise TypeError(
+                f"combine_masks takes boolean masks (True = may attend), got {m.dtype}"
+            )
     if not present:
         return None
     check_same_device(**{f"mask {n}": m for n, m in enumerate(present)})
@@ -221,7 +236,7 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor
 
     Adding the result to the scores before the softmax is equivalent to masking, and
     ``exp(-inf) = 0`` exactly. (A finite stand-in such as -1e9 leaks a tiny weight and
-    overflows in float16; chapter 04 shows both.)
+    overflows in float16; chapter 4 shows both.)
 
     Example:
         >>> to_additive_mask(torch.tensor([True, False])).tolist()

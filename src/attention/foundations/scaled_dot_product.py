@@ -1,4 +1,4 @@
-"""Scaled dot-product attention, the readable reference (chapters 01-04).
+"""Scaled dot-product attention, the readable reference (chapters 1-4).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size.
@@ -107,5 +107,9 @@ def scaled_dot_product_attention(
         [[1.0]]
     """
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
-    check_probability("dropout_p", dropout_p, closed=True)  # torch allows 1.0: all zeros
-    return _attention(query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p)[0]
+    check_probability(
+        "dropout_p", dropout_p, closed=True
+    )  # torch allows 1.0: all zeros
+    return _attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p
+    )[0]

@@ -1,4 +1,4 @@
-"""Softmax, its logarithm and its Jacobian (taught in chapter 02).
+"""Softmax, its logarithm and its Jacobian (taught in chapter 2).
 
 Shape legend used across the package: ``b`` batch, ``h`` heads, ``i`` query positions,
 ``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length (here
@@ -13,7 +13,7 @@ from torch import Tensor
 from .._checks import check_bool, check_dim, check_tensor
 from .._core import _empty, _shift, _softmax
 
-# softmax_jacobian and three_pass_softmax, used by chapters 02, 03 and 13, are imported
+# softmax_jacobian and three_pass_softmax, used by chapters 2, 3 and 14, are imported
 # from this module (``from attention.foundations.softmax import softmax_jacobian``).
 __all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
 
@@ -93,7 +93,7 @@ def three_pass_softmax(x: Tensor) -> Tensor:
     Pass 1 finds the maximum ``m``, pass 2 the normaliser ``l = sum_k exp(x_k - m)``,
     pass 3 writes each ``exp(x_k - m) / l``. Passes are counted as reads of the row, as
     Milakov and Gimelshein do: the naive softmax reads it twice (and overflows), this safe
-    one three times, and the *online* softmax of chapter 13 (:func:`~attention.online_softmax`)
+    one three times, and the *online* softmax of chapter 14 (:func:`~attention.online_softmax`)
     is back to two, because it finds ``m`` and ``l`` together in one pass. That one-pass
     normaliser followed by the scaling pass is the "two-pass" softmax that tiled attention
     builds on. The loops are explicit so the passes are visible.
@@ -123,7 +123,7 @@ def three_pass_softmax(x: Tensor) -> Tensor:
 
 
 # The former name, which counted the two *phases* (normaliser, then scaling) and so clashed
-# with chapter 13's "two-pass" online softmax. Chapter 13 and attention.efficient.tiled's docstring
+# with chapter 14's "two-pass" online softmax. Chapter 14 and attention.efficient.tiled's docstring
 # still use it; remove it once they say three_pass_softmax.
 two_pass_softmax = three_pass_softmax
 

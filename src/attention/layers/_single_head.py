@@ -33,19 +33,28 @@ def _check_features(name: str, x, expected: int, what: str, layer: nn.Linear) ->
     check_like(name, x, "the module's parameters", layer.weight)
 
 
-def _check_options(x_query: Tensor, x_context: Tensor, attn_mask, is_causal, need_weights) -> None:
+def _check_options(
+    x_query: Tensor, x_context: Tensor, attn_mask, is_causal, need_weights
+) -> None:
     """The flags and the mask of a single-head module, against ``(..., i, j)`` scores."""
     check_mask_or_causal(attn_mask, is_causal)
     check_bool("need_weights", need_weights)
-    batch = broadcast_shapes("the batch dims of the two inputs", x_query.shape[:-2],
-                             x_context.shape[:-2])
+    batch = broadcast_shapes(
+        "the batch dims of the two inputs", x_query.shape[:-2], x_context.shape[:-2]
+    )
     if attn_mask is not None:
         target = (*batch, x_query.shape[-2], x_context.shape[-2])
         check_mask(attn_mask, x_query.dtype, target, device=x_query.device)
 
 
-def _attend(query: Tensor, key: Tensor, value: Tensor, attn_mask, is_causal: bool,
-            need_weights: bool) -> tuple[Tensor, Tensor | None]:
+def _attend(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask,
+    is_causal: bool,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
     """Attention on projected ``(..., i, d)``, ``(..., j, d)``, ``(..., j, e)`` (unchecked).
 
     Returns ``((..., i, e), (..., i, j) or None)``.

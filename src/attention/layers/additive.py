@@ -1,4 +1,4 @@
-"""Additive attention layers (taught in chapter 09).
+"""Additive attention layers (taught in chapter 9).
 
 Two complete attention layers built on the additive score of ``scoring.py``,
 :math:`\\mathrm{act}(W_1 q + W_2 k + b)`:
@@ -47,8 +47,9 @@ from .scoring import AdditiveScore, additive_hidden, get_activation
 __all__ = ["AdditiveAttention", "MultiDimensionalAttention"]
 
 
-def _attention_inputs(query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: int | None,
-                      weight: Tensor):
+def _attention_inputs(
+    query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: int | None, weight: Tensor
+):
     """Shared boundary checks of the additive attention modules.
 
     ``query`` is ``(b, d_q)`` (one query per batch element) or ``(b, i, d_q)``; ``key``
@@ -70,26 +71,44 @@ def _attention_inputs(query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: 
         query = query.unsqueeze(-2)  # (b, 1, d_q)
     check_feature_sizes(query, key, d_q, d_k)
     check_like("query", query, "the module's parameters", weight)
-    batch = broadcast_shapes("the batch dims of query, key and value", query.shape[:-2],
-                             key.shape[:-2], value.shape[:-2])
+    batch = broadcast_shapes(
+        "the batch dims of query, key and value",
+        query.shape[:-2],
+        key.shape[:-2],
+        value.shape[:-2],
+    )
     if attn_mask is not None:
         i = () if single else (query.shape[-2],)
-        check_mask(attn_mask, query.dtype, (*batch, *i, key.shape[-2]), device=query.device)
+        check_mask(
+            attn_mask, query.dtype, (*batch, *i, key.shape[-2]), device=query.device
+        )
         if single:
             attn_mask = attn_mask.unsqueeze(-2)  # (b, 1, j)
     return query, value, attn_mask, single
 
 
-def _hidden_inputs(score, query, key, value, attn_mask, *, d_v: int | None, weight: Tensor):
+def _hidden_inputs(
+    score, query, key, value, attn_mask, *, d_v: int | None, weight: Tensor
+):
     """:func:`_attention_inputs`, then the ``(b, i, j, a)`` hidden layer of ``score`` (a
     module with ``d_q``, ``d_k``, ``w_query``, ``w_key``, ``bias`` and ``activation``).
 
     Returns ``(hidden, value, attn_mask, single)``.
     """
     query, value, attn_mask, single = _attention_inputs(
-        query, key, value, attn_mask, d_q=score.d_q, d_k=score.d_k, d_v=d_v, weight=weight)
+        query,
+        key,
+        value,
+        attn_mask,
+        d_q=score.d_q,
+        d_k=score.d_k,
+        d_v=d_v,
+        weight=weight,
+    )
     act = get_activation(score.activation)
-    hidden = additive_hidden_core(query, key, score.w_query, score.w_key, score.bias, act)
+    hidden = additive_hidden_core(
+        query, key, score.w_query, score.w_key, score.bias, act
+    )
     return hidden, value, attn_mask, single
 
 
@@ -119,15 +138,29 @@ class AdditiveAttention(nn.Module):
         (torch.Size([2, 3]), torch.Size([2, 5]))
     """
 
-    def __init__(self, d_q: int, d_k: int, d_v: int | None = None, d_hidden: int | None = None,
-                 *, activation: str | None = "tanh", bias: bool = True):
+    def __init__(
+        self,
+        d_q: int,
+        d_k: int,
+        d_v: int | None = None,
+        d_hidden: int | None = None,
+        *,
+        activation: str | None = "tanh",
+        bias: bool = True,
+    ):
         super().__init__()
         self.d_v = None if d_v is None else check_int("d_v", d_v, minimum=1)
         d_hidden = d_q if d_hidden is None else d_hidden
         self.score = AdditiveScore(d_q, d_k, d_hidden, activation, bias=bias)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor | None = None, *,
-                attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Attend from ``query`` over ``key``/``value``.
 
         Args:
@@ -144,7 +177,8 @@ class AdditiveAttention(nn.Module):
             zero; a query with no visible key gets zero weights and a zero context.
         """
         hidden, value, attn_mask, single = _hidden_inputs(
-            self.score, query, key, value, attn_mask, d_v=self.d_v, weight=self.score.v)
+            self.score, query, key, value, attn_mask, d_v=self.d_v, weight=self.score.v
+        )
         weights = masked_softmax(hidden @ self.score.v, attn_mask)  # (b, i, j)
         context = weights @ value  # (b, i, e)
         if single:
@@ -190,12 +224,16 @@ def multidimensional_scores(
     check_like("w_out", w_out, "w_query", w_query)
     if out_bias is not None:
         check_param("out_bias", out_bias, (w_out.shape[0],), "(f,)", w_out)
-    hidden = additive_hidden(query, key, w_query, w_key, bias, activation)  # (..., i, j, a)
+    hidden = additive_hidden(
+        query, key, w_query, w_key, bias, activation
+    )  # (..., i, j, a)
     scores = hidden @ w_out.transpose(0, 1)  # (..., i, j, f)
     return scores if out_bias is None else scores + out_bias
 
 
-def multidimensional_weights(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
+def multidimensional_weights(
+    scores: Tensor, *, attn_mask: Tensor | None = None
+) -> Tensor:
     r"""Softmax over the keys separately for every feature: :math:`\alpha_{ijc} = \operatorname{softmax}_j(s_{ijc})`.
 
     Args:
@@ -213,7 +251,9 @@ def multidimensional_weights(scores: Tensor, *, attn_mask: Tensor | None = None)
     """
     check_tensor("scores", scores, floating=True, min_dim=3)
     if attn_mask is not None:
-        check_mask(attn_mask, scores.dtype, tuple(scores.shape[:-1]), device=scores.device)
+        check_mask(
+            attn_mask, scores.dtype, tuple(scores.shape[:-1]), device=scores.device
+        )
         attn_mask = attn_mask.unsqueeze(-1)  # (..., i, j, 1)
     return masked_softmax(scores, attn_mask, dim=-2)  # (..., i, j, f)
 
@@ -226,7 +266,9 @@ def _check_feature_values(weights: Tensor, value) -> None:
             "value must have one feature per weight feature: e = "
             f"{weights.shape[-1]}, got {value.shape[-1]}"
         )
-    broadcast_shapes("the batch dims of weights and value", weights.shape[:-3], value.shape[:-2])
+    broadcast_shapes(
+        "the batch dims of weights and value", weights.shape[:-3], value.shape[:-2]
+    )
 
 
 def multidimensional_attention(weights: Tensor, value: Tensor) -> Tensor:
@@ -276,8 +318,15 @@ class MultiDimensionalAttention(nn.Module):
         (torch.Size([2, 3]), torch.Size([2, 5, 3]))
     """
 
-    def __init__(self, d_q: int, d_k: int, d_v: int, d_hidden: int, *,
-                 activation: str | None = "tanh"):
+    def __init__(
+        self,
+        d_q: int,
+        d_k: int,
+        d_v: int,
+        d_hidden: int,
+        *,
+        activation: str | None = "tanh",
+    ):
         super().__init__()
         self.d_q, self.d_k, self.d_v, self.d_hidden = check_sizes(
             d_q=d_q, d_k=d_k, d_v=d_v, d_hidden=d_hidden
@@ -289,15 +338,26 @@ class MultiDimensionalAttention(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.d_hidden))
         self.w_out = nn.Parameter(torch.empty(self.d_v, self.d_hidden))
         self.out_bias = nn.Parameter(torch.empty(self.d_v))
-        for p, fan_in in ((self.w_query, self.d_q), (self.w_key, self.d_k),
-                          (self.bias, self.d_hidden), (self.w_out, self.d_hidden),
-                          (self.out_bias, self.d_hidden)):
+        for p, fan_in in (
+            (self.w_query, self.d_q),
+            (self.w_key, self.d_k),
+            (self.bias, self.d_hidden),
+            (self.w_out, self.d_hidden),
+            (self.out_bias, self.d_hidden),
+        ):
             nn.init.uniform_(p, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor | None = None, *,
-                attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         hidden, value, attn_mask, single = _hidden_inputs(
-            self, query, key, value, attn_mask, d_v=self.d_v, weight=self.w_query)  # (b, i, j, a)
+            self, query, key, value, attn_mask, d_v=self.d_v, weight=self.w_query
+        )  # (b, i, j, a)
         scores = hidden @ self.w_out.transpose(0, 1) + self.out_bias  # (b, i, j, d_v)
         if attn_mask is not None:
             attn_mask = attn_mask.unsqueeze(-1)  # (b, i, j, 1)

@@ -1,4 +1,4 @@
-"""Alignment: how scores become weights, and how many weights per key (taught in chapter 09).
+"""Alignment: how scores become weights, and how many weights per key (taught in chapter 9).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions (``S`` of them, the source length), ``d_q`` query size, ``d_k`` key
@@ -76,7 +76,9 @@ def soft_alignment(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor
 def _check_value(weights: Tensor, value) -> None:
     """value ``(..., j, e)`` matching the ``(..., i, j)`` weights (dtype, device, j, batch)."""
     check_value(value, weights.shape[-1], "weights", weights)
-    broadcast_shapes("the batch dims of weights and value", weights.shape[:-2], value.shape[:-2])
+    broadcast_shapes(
+        "the batch dims of weights and value", weights.shape[:-2], value.shape[:-2]
+    )
 
 
 def soft_attention(
@@ -139,10 +141,14 @@ def hard_alignment(
     flat = weights.detach().reshape(weights.shape[:-1].numel(), j)  # (rows, j)
     dead = flat.sum(-1) == 0  # (rows,): no visible key (every row when j = 0)
     if bool(dead.all()):  # nothing to draw from; multinomial refuses empty inputs
-        idx = torch.full((flat.shape[0], n), -1, dtype=torch.long, device=weights.device)
+        idx = torch.full(
+            (flat.shape[0], n), -1, dtype=torch.long, device=weights.device
+        )
     else:
         safe = torch.where(dead.unsqueeze(-1), torch.ones_like(flat), flat)
-        idx = torch.multinomial(safe, n, replacement=True, generator=generator)  # (rows, n)
+        idx = torch.multinomial(
+            safe, n, replacement=True, generator=generator
+        )  # (rows, n)
         idx = idx.masked_fill(dead.unsqueeze(-1), -1)
     idx = idx.transpose(0, 1).reshape(n, *weights.shape[:-1])  # (num_samples, ..., i)
     return idx[0] if num_samples is None else idx
@@ -183,10 +189,14 @@ def hard_attention(
     check_tensor("weights", weights, floating=True, min_dim=1)
     check_value(value, weights.shape[-1], "weights", weights)
     if value.dim() >= 2 and weights.dim() >= 2:  # (..., i, j) against (..., j, e)
-        broadcast_shapes("the batch dims of weights and value", weights.shape[:-2], value.shape[:-2])
+        broadcast_shapes(
+            "the batch dims of weights and value", weights.shape[:-2], value.shape[:-2]
+        )
     idx = hard_alignment(weights, generator=generator, num_samples=num_samples)
     j = weights.shape[-1]  # one_hot needs a class even when j = 0; slice it away again
-    one_hot = nn.functional.one_hot(idx.clamp_min(0), max(j, 1))[..., :j].to(value.dtype)
+    one_hot = nn.functional.one_hot(idx.clamp_min(0), max(j, 1))[..., :j].to(
+        value.dtype
+    )
     one_hot = one_hot * (idx >= 0).unsqueeze(-1).to(value.dtype)  # dead rows -> zeros
     return one_hot @ value, idx  # ([num_samples], ..., i, e), ([num_samples], ..., i)
 
@@ -248,8 +258,10 @@ def local_window(centre: Tensor, source_length: int, half_width: float) -> Tenso
     s = check_int("source_length", source_length, minimum=0)
     d = _check_half_width(half_width)
     if centre.device.type != "meta" and bool(centre.isnan().any()):
-        raise ValueError("centre holds NaN: a window needs a position (a boolean window "
-                         "cannot carry the NaN on)")
+        raise ValueError(
+            "centre holds NaN: a window needs a position (a boolean window "
+            "cannot carry the NaN on)"
+        )
     return _local_window(centre, s, d)
 
 
@@ -313,12 +325,16 @@ def _local_alignment(scores, centre, d, sigma, attn_mask) -> Tensor:
     window = _local_window(centre, s, d)  # (..., i, S)
     # scores outside the window are never read: a NaN there does not reach the row
     scores = scores.masked_fill(~window, float("-inf"))
-    weights = masked_softmax(scores, attn_mask)  # softmax over the (visible) window only
+    weights = masked_softmax(
+        scores, attn_mask
+    )  # softmax over the (visible) window only
     if sigma > 0:
         positions = torch.arange(s, device=scores.device, dtype=scores.dtype)
         # z = (l - p) / sigma, only inside the window (|z| <= D / sigma there), so a tiny
         # sigma cannot turn (l - p)^2 / (2 sigma^2) into 0/0
-        z = torch.where(window, (positions - centre.unsqueeze(-1)) / sigma, 0.0)  # (..., i, S)
+        z = torch.where(
+            window, (positions - centre.unsqueeze(-1)) / sigma, 0.0
+        )  # (..., i, S)
         weights = weights * torch.exp(-0.5 * z**2)  # still exactly 0 outside the window
     # a NaN centre has an empty window: its row is NaN, not silently zero
     return weights.masked_fill(centre.isnan().unsqueeze(-1), float("nan"))
@@ -352,31 +368,46 @@ class LocalAlignment(nn.Module):
         (torch.Size([3, 5]), torch.Size([3, 10]))
     """
 
-    def __init__(self, d_q: int, d_hidden: int, half_width: float, *, sigma: float | None = None):
+    def __init__(
+        self, d_q: int, d_hidden: int, half_width: float, *, sigma: float | None = None
+    ):
         super().__init__()
         self.d_q, self.d_hidden = check_sizes(d_q=d_q, d_hidden=d_hidden)
         self.half_width = _check_half_width(half_width)
-        self.sigma = self.half_width / 2 if sigma is None else check_real("sigma", sigma)
+        self.sigma = (
+            self.half_width / 2 if sigma is None else check_real("sigma", sigma)
+        )
         if not self.sigma >= 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
         self.w_p = nn.Parameter(torch.empty(self.d_hidden, self.d_q))
         self.v_p = nn.Parameter(torch.empty(self.d_hidden))
         nn.init.uniform_(self.w_p, -1 / math.sqrt(self.d_q), 1 / math.sqrt(self.d_q))
-        nn.init.uniform_(self.v_p, -1 / math.sqrt(self.d_hidden), 1 / math.sqrt(self.d_hidden))
+        nn.init.uniform_(
+            self.v_p, -1 / math.sqrt(self.d_hidden), 1 / math.sqrt(self.d_hidden)
+        )
 
     def centre(self, query: Tensor, source_length: int) -> Tensor:
         """The predicted centres ``(..., i)`` for ``source_length`` keys."""
         return local_centre(query, self.w_p, self.v_p, source_length)
 
-    def forward(self, query: Tensor, scores: Tensor, value: Tensor, *,
-                attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        query: Tensor,
+        scores: Tensor,
+        value: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         check_tensor("scores", scores, floating=True, min_dim=2)
         _check_value(scores, value)
         centre = self.centre(query, scores.shape[-1])  # (..., i)
-        weights = local_alignment(scores, centre, self.half_width, sigma=self.sigma,
-                                  attn_mask=attn_mask)  # (..., i, S)
+        weights = local_alignment(
+            scores, centre, self.half_width, sigma=self.sigma, attn_mask=attn_mask
+        )  # (..., i, S)
         return weights @ value, weights  # (..., i, e), (..., i, S)
 
     def extra_repr(self) -> str:
-        return (f"d_q={self.d_q}, d_hidden={self.d_hidden}, half_width={self.half_width}, "
-                f"sigma={self.sigma}")
+        return (
+            f"d_q={self.d_q}, d_hidden={self.d_hidden}, half_width={self.half_width}, "
+            f"sigma={self.sigma}"
+        )

@@ -1,5 +1,5 @@
 """Single-head cross-attention: queries from one sequence, keys and values from another
-(chapter 08).
+(chapter 8).
 
 Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions (the
 attending sequence, e.g. the decoder), ``j`` key positions (the attended context, e.g.
@@ -49,8 +49,15 @@ class CrossAttention(nn.Module):
         (torch.Size([6, 28]), torch.Size([6, 8]))
     """
 
-    def __init__(self, d_q_in: int, d_kv_in: int, d_out_kq: int, d_out_v: int, *,
-                 bias: bool = False):
+    def __init__(
+        self,
+        d_q_in: int,
+        d_kv_in: int,
+        d_out_kq: int,
+        d_out_v: int,
+        *,
+        bias: bool = False,
+    ):
         super().__init__()
         self.d_q_in, self.d_kv_in, self.d_out_kq, self.d_out_v = check_sizes(
             d_q_in=d_q_in, d_kv_in=d_kv_in, d_out_kq=d_out_kq, d_out_v=d_out_v
@@ -94,5 +101,7 @@ class CrossAttention(nn.Module):
         return _attend(query, key, value, attn_mask, False, need_weights)
 
     def extra_repr(self) -> str:
-        return (f"d_q_in={self.d_q_in}, d_kv_in={self.d_kv_in}, "
-                f"d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}")
+        return (
+            f"d_q_in={self.d_q_in}, d_kv_in={self.d_kv_in}, "
+            f"d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}"
+        )

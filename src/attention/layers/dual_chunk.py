@@ -1,4 +1,4 @@
-"""Dual Chunk Attention: RoPE attention past the pretraining length, with no unseen distance (chapter 07).
+"""Dual Chunk Attention: RoPE attention past the pretraining length, with no unseen distance (chapter 7).
 
 A model trained with rotary embeddings on sequences of length ``L`` has only seen
 query-key distances below ``L``. Dual Chunk Attention (DCA; An et al., 2024, used by
@@ -71,7 +71,9 @@ def _positions(p: Tensor, s: int, w: int) -> DualChunkPositions:
     )
 
 
-def dual_chunk_positions(n: int, *, chunk_size: int, local_window: int = 0) -> DualChunkPositions:
+def dual_chunk_positions(
+    n: int, *, chunk_size: int, local_window: int = 0
+) -> DualChunkPositions:
     """The position indices DCA gives to ``n`` tokens (see the module docstring).
 
     Args:
@@ -157,7 +159,9 @@ def dual_chunk_attention(
         >>> torch.allclose(out, plain)  # 6 <= s + w + 1 tokens: plain RoPE attention
         True
     """
-    scores_shape = validate_attention(query, key, value, attn_mask, False, scale, enable_gqa)
+    scores_shape = validate_attention(
+        query, key, value, attn_mask, False, scale, enable_gqa
+    )
     check_bool("is_causal", is_causal)
     if not is_causal:
         raise ValueError(
@@ -165,12 +169,21 @@ def dual_chunk_attention(
             "the query's), so is_causal must be True"
         )
     s, w = _check_chunking(chunk_size, local_window)
-    rope = rope_config(rope, "dual_chunk_attention", base=("base", base),
-                       interleaved=("interleaved", interleaved), scaling=("scaling", scaling))
+    rope = rope_config(
+        rope,
+        "dual_chunk_attention",
+        base=("base", base),
+        interleaved=("interleaved", interleaved),
+        scaling=("scaling", scaling),
+    )
     d = query.shape[-1]
     if d % 2:
         raise ValueError(f"the query/key size d must be even for RoPE, got {d}")
-    base, interleaved, scaling = rope.base, rope.interleaved, _check_scaling(rope.scaling, d)
+    base, interleaved, scaling = (
+        rope.base,
+        rope.interleaved,
+        _check_scaling(rope.scaling, d),
+    )
     i, j = query.shape[-2], key.shape[-2]
     if i > j:
         raise ValueError(
@@ -186,9 +199,14 @@ def dual_chunk_attention(
     first = j - i  # the queries sit at positions first ... j - 1
     q_pos = torch.arange(first, j, device=device)
     q_idx = _positions(q_pos, s, w)
-    k_rot = rotate(key, _positions(torch.arange(j, device=device), s, w).key)  # (..., h_kv, j, d)
+    k_rot = rotate(
+        key, _positions(torch.arange(j, device=device), s, w).key
+    )  # (..., h_kv, j, d)
     if enable_gqa:
-        k_rot, value = expand_kv_heads(k_rot, query.shape[-3]), expand_kv_heads(value, query.shape[-3])
+        k_rot, value = (
+            expand_kv_heads(k_rot, query.shape[-3]),
+            expand_kv_heads(value, query.shape[-3]),
+        )
     q_intra = rotate(query, q_idx.intra)  # (..., h, i, d)
     q_succ = rotate(query, q_idx.successive)
     q_inter = rotate(query, q_idx.inter)
@@ -196,11 +214,15 @@ def dual_chunk_attention(
     if attn_mask is not None:
         attn_mask = attn_mask.expand(scores_shape)  # (..., h, i, j), a view
 
-    outputs = [query.new_zeros((*scores_shape[:-2], 0, value.shape[-1]))]  # (..., h, 0, e)
+    outputs = [
+        query.new_zeros((*scores_shape[:-2], 0, value.shape[-1]))
+    ]  # (..., h, 0, e)
     rows_done = 0
     while rows_done < i:  # one chunk of queries at a time
         chunk = (first + rows_done) // s
-        stop = min(i, (chunk + 1) * s - first)  # the rows of this chunk: rows_done ... stop - 1
+        stop = min(
+            i, (chunk + 1) * s - first
+        )  # the rows of this chunk: rows_done ... stop - 1
         rows = slice(rows_done, stop)
         start_succ, start_intra = max(0, (chunk - 1) * s), chunk * s
         end = first + stop  # keys after the chunk's last query are hidden anyway
@@ -209,11 +231,19 @@ def dual_chunk_attention(
             (q_succ, start_succ, start_intra),
             (q_intra, start_intra, end),
         )
-        scores = torch.cat(
-            [qr[..., rows, :] @ k_rot[..., a:b, :].transpose(-2, -1) for qr, a, b in parts],
-            dim=-1,
-        ) * scale  # (..., h, rows, end)
-        visible = torch.arange(end, device=device) <= q_pos[rows, None]  # (rows, end) causal
+        scores = (
+            torch.cat(
+                [
+                    qr[..., rows, :] @ k_rot[..., a:b, :].transpose(-2, -1)
+                    for qr, a, b in parts
+                ],
+                dim=-1,
+            )
+            * scale
+        )  # (..., h, rows, end)
+        visible = (
+            torch.arange(end, device=device) <= q_pos[rows, None]
+        )  # (rows, end) causal
         scores = scores.masked_fill(~visible, float("-inf"))
         mask = None if attn_mask is None else attn_mask[..., rows, :end]
         weights = masked_softmax(scores, mask)  # a row with no visible key: zeros

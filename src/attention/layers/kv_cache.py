@@ -1,4 +1,4 @@
-"""The key/value cache for incremental decoding (taught in chapter 06).
+"""The key/value cache for incremental decoding (taught in chapter 6).
 
 Shape legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``i`` query
 positions, ``j`` key positions, ``d`` head size.
@@ -28,7 +28,7 @@ from .._cache import LinearCache, check_new_kv, zero_buffers
 from .._checks import check_dtype, check_int, check_sizes
 from ..foundations.masks import causal_mask
 
-# kv_cache_bytes_per_token is imported from this module (chapter 06 does).
+# kv_cache_bytes_per_token is imported from this module (chapter 6 does).
 __all__ = ["KVCache"]
 
 
@@ -65,14 +65,28 @@ class KVCache(LinearCache):
         device=None,
     ) -> None:
         self.batch_size, self.max_len, self.num_kv_heads, self.head_dim = check_sizes(
-            batch_size=batch_size, max_len=max_len, num_kv_heads=num_kv_heads, head_dim=head_dim
+            batch_size=batch_size,
+            max_len=max_len,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
         )
         shape = (self.batch_size, self.num_kv_heads, self.max_len, self.head_dim)
-        self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, max_len, d) each
+        self.keys, self.values = zero_buffers(
+            shape, dtype, device
+        )  # (b, h_kv, max_len, d) each
         self.length = 0
 
-    def check_update(self, batch_size: int, num_new: int, num_kv_heads: int, head_dim: int, *,
-                     dtype: torch.dtype, device: torch.device, requires_grad: bool = False) -> None:
+    def check_update(
+        self,
+        batch_size: int,
+        num_new: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool = False,
+    ) -> None:
         """Check that :meth:`update` would accept keys and values described by these numbers.
 
         The interface for modules: :class:`attention.MultiHeadAttention` calls it before
@@ -101,7 +115,9 @@ class KVCache(LinearCache):
             )
         self._check_fits(num_new)
         if dtype != self.dtype:
-            raise TypeError(f"the cache stores {self.dtype}, got keys and values of {dtype}")
+            raise TypeError(
+                f"the cache stores {self.dtype}, got keys and values of {dtype}"
+            )
         if device != self.device:
             raise ValueError(
                 f"the cache and the new keys must be on the same device, got {self.device} "
@@ -148,7 +164,9 @@ class KVCache(LinearCache):
             )
         grad = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)
         b, h_kv, n, d = key.shape
-        self.check_update(b, n, h_kv, d, dtype=key.dtype, device=key.device, requires_grad=grad)
+        self.check_update(
+            b, n, h_kv, d, dtype=key.dtype, device=key.device, requires_grad=grad
+        )
         return self._append(key, value)
 
     def _append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -185,7 +203,9 @@ class KVCache(LinearCache):
             return None, True
         if num_new == 1:
             return None, False
-        return causal_mask(num_new, self.length, align="bottom-right", device=self.device), False
+        return causal_mask(
+            num_new, self.length, align="bottom-right", device=self.device
+        ), False
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,4 @@
-"""Multi-head, grouped-query and multi-query attention (taught in chapter 06).
+"""Multi-head, grouped-query and multi-query attention (taught in chapter 6).
 
 Shape legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``i`` query
 positions, ``j`` key positions, ``d`` head size (``head_dim = embed_dim // h``).
@@ -43,14 +43,16 @@ from .._rope import _apply_rope, _check_positions, _check_scaling, rope_config
 from .kv_cache import KVCache
 from .positional import RotaryConfig
 
-# split_heads and merge_heads are imported from this module by chapters 06 and 17.
+# split_heads and merge_heads are imported from this module by chapters 6 and 17.
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
 
 
 def _split_heads(x: Tensor, num_heads: int) -> Tensor:
     """Unchecked core of :func:`split_heads`."""
     b, length, features = x.shape
-    return x.reshape(b, length, num_heads, features // num_heads).transpose(1, 2)  # (b, h, L, d)
+    return x.reshape(b, length, num_heads, features // num_heads).transpose(
+        1, 2
+    )  # (b, h, L, d)
 
 
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -97,9 +99,15 @@ def merge_heads(x: Tensor) -> Tensor:
 def _rope_config(rope, rope_base, rope_interleaved) -> RotaryConfig | None:
     """``rope`` (a RotaryConfig, True, False or None) and the former flags, as one config."""
     if rope is not None and not isinstance(rope, (bool, RotaryConfig)):
-        raise TypeError(f"rope must be a RotaryConfig, a bool or None, got {type(rope).__name__}")
-    config = rope_config(None if rope in (None, True, False) else rope, "MultiHeadAttention",
-                         rope_base=("base", rope_base), rope_interleaved=("interleaved", rope_interleaved))
+        raise TypeError(
+            f"rope must be a RotaryConfig, a bool or None, got {type(rope).__name__}"
+        )
+    config = rope_config(
+        None if rope in (None, True, False) else rope,
+        "MultiHeadAttention",
+        rope_base=("base", rope_base),
+        rope_interleaved=("interleaved", rope_interleaved),
+    )
     return None if rope in (None, False) else config
 
 
@@ -213,7 +221,9 @@ class MultiHeadAttention(nn.Module):
             _check_scaling(self.rope.scaling, embed_dim // num_heads)
         if attention_fn is not None:
             if not callable(attention_fn):
-                raise TypeError(f"attention_fn must be callable or None, got {type(attention_fn).__name__}")
+                raise TypeError(
+                    f"attention_fn must be callable or None, got {type(attention_fn).__name__}"
+                )
             if dropout > 0:
                 raise ValueError(
                     "a custom attention_fn takes no dropout (the kernel contract has none), "
@@ -243,8 +253,11 @@ class MultiHeadAttention(nn.Module):
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
             + ("" if self.batch_first else ", batch_first=False")
             + (f", rope={self.rope}" if self.rope is not None else "")
-            + ("" if self.attention_fn is None
-               else f", attention_fn={getattr(self.attention_fn, '__name__', self.attention_fn)}")
+            + (
+                ""
+                if self.attention_fn is None
+                else f", attention_fn={getattr(self.attention_fn, '__name__', self.attention_fn)}"
+            )
         )
 
     @property
@@ -258,7 +271,12 @@ class MultiHeadAttention(nn.Module):
         return None if self.rope is None else self.rope.interleaved
 
     def new_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device=None,
     ) -> KVCache:
         """An empty :class:`attention.KVCache` shaped for this module (``h_kv`` heads of size ``d``).
 
@@ -274,7 +292,9 @@ class MultiHeadAttention(nn.Module):
             device=weight.device if device is None else device,
         )
 
-    def _validate(self, query, key, value, attn_mask, is_causal, need_weights, cache, positions):
+    def _validate(
+        self, query, key, value, attn_mask, is_causal, need_weights, cache, positions
+    ):
         """Every check of :meth:`forward`, on batch-first inputs, before any projection."""
         self._check_inputs(query, key, value)
         check_mask_or_causal(attn_mask, is_causal)
@@ -290,11 +310,17 @@ class MultiHeadAttention(nn.Module):
             self._check_cache(cache, key, value, is_causal, b, i, j)
             j = cache.length + j
         if attn_mask is not None:
-            check_mask(attn_mask, query.dtype, (b, self.num_heads, i, j), device=query.device)
+            check_mask(
+                attn_mask, query.dtype, (b, self.num_heads, i, j), device=query.device
+            )
 
     def _check_inputs(self, query, key, value) -> None:
         """Floating ``(b, L, features)`` inputs of the module's sizes, dtype and device."""
-        layout = "batch-first with shape (b, L, {})" if self.batch_first else "sequence-first with shape (L, b, {})"
+        layout = (
+            "batch-first with shape (b, L, {})"
+            if self.batch_first
+            else "sequence-first with shape (L, b, {})"
+        )
         for name, t, size, size_name, layer in (
             ("query", query, self.embed_dim, "embed_dim", self.w_query),
             ("key", key, self.kdim, "kdim", self.w_key),
@@ -302,7 +328,9 @@ class MultiHeadAttention(nn.Module):
         ):
             check_tensor(name, t, floating=True)
             if t.dim() != 3:
-                raise ValueError(f"{name} must be {layout.format(size_name)}, got {tuple(t.shape)}")
+                raise ValueError(
+                    f"{name} must be {layout.format(size_name)}, got {tuple(t.shape)}"
+                )
             if t.shape[-1] != size:
                 raise ValueError(
                     f"{name}'s last dimension must equal {size_name}={size}, got {t.shape[-1]}"
@@ -322,7 +350,9 @@ class MultiHeadAttention(nn.Module):
     def _check_positions(self, positions, query, b: int, i: int, j: int) -> None:
         """RoPE's positions: only with ``rope``, and for self-attention (``i = j``)."""
         if positions is not None and self.rope is None:
-            raise ValueError("positions are used by rotary embeddings only: build the module with rope=RotaryConfig()")
+            raise ValueError(
+                "positions are used by rotary embeddings only: build the module with rope=RotaryConfig()"
+            )
         if self.rope is not None and i != j:
             raise ValueError(
                 "with rope the keys must be the query tokens' own (self-attention), so "
@@ -332,25 +362,42 @@ class MultiHeadAttention(nn.Module):
         if positions is not None:
             check_tensor("positions", positions)
             if positions.dim() not in (1, 2):
-                raise ValueError(f"positions must be (i,) or (b, i), got {tuple(positions.shape)}")
+                raise ValueError(
+                    f"positions must be (i,) or (b, i), got {tuple(positions.shape)}"
+                )
             _check_positions(positions, (b, i), query, "query", "(b, i)")
 
-    def _check_cache(self, cache, key, value, is_causal, b: int, i: int, j: int) -> None:
+    def _check_cache(
+        self, cache, key, value, is_causal, b: int, i: int, j: int
+    ) -> None:
         """A :class:`KVCache` that takes ``j`` new positions of this module's heads."""
         if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            raise TypeError(
+                f"cache must be a KVCache or None, got {type(cache).__name__}"
+            )
         if is_causal and i != j:
             raise ValueError(
                 "with a cache and is_causal=True the new queries must be the new "
                 f"positions, got {i} queries and {j} new keys"
             )
         grad = torch.is_grad_enabled() and (
-            key.requires_grad or value.requires_grad
-            or any(p.requires_grad for p in (*self.w_key.parameters(), *self.w_value.parameters()))
+            key.requires_grad
+            or value.requires_grad
+            or any(
+                p.requires_grad
+                for p in (*self.w_key.parameters(), *self.w_value.parameters())
+            )
         )
         weight = self.w_key.weight
-        cache.check_update(b, j, self.num_kv_heads, self.head_dim, dtype=weight.dtype,
-                           device=weight.device, requires_grad=grad)
+        cache.check_update(
+            b,
+            j,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype=weight.dtype,
+            device=weight.device,
+            requires_grad=grad,
+        )
 
     def forward(
         self,
@@ -397,19 +444,31 @@ class MultiHeadAttention(nn.Module):
             ``weights.mean(1)`` is what ``nn.MultiheadAttention`` returns by default.
         """
         if not self.batch_first:  # (L, b, features) -> (b, L, features)
-            query, key, value = (t.transpose(0, 1) if isinstance(t, Tensor) else t
-                                 for t in (query, key, value))
-        self._validate(query, key, value, attn_mask, is_causal, need_weights, cache, positions)
+            query, key, value = (
+                t.transpose(0, 1) if isinstance(t, Tensor) else t
+                for t in (query, key, value)
+            )
+        self._validate(
+            query, key, value, attn_mask, is_causal, need_weights, cache, positions
+        )
         q = _split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
         k = _split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
         v = _split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
-        if self.rope is not None:  # rotate queries and keys by their positions, before any score
+        if (
+            self.rope is not None
+        ):  # rotate queries and keys by their positions, before any score
             if positions is None:
                 start = 0 if cache is None else cache.length
-                positions = torch.arange(start, start + q.shape[2], device=q.device)  # (i,)
+                positions = torch.arange(
+                    start, start + q.shape[2], device=q.device
+                )  # (i,)
             elif positions.dim() == 2:
                 positions = positions[:, None, :]  # (b, 1, i): the same for every head
-            options = (self.rope.base, self.rope.interleaved, _check_scaling(self.rope.scaling, self.head_dim))
+            options = (
+                self.rope.base,
+                self.rope.interleaved,
+                _check_scaling(self.rope.scaling, self.head_dim),
+            )
             q = _apply_rope(q, positions, *options)
             k = _apply_rope(k, positions, *options)
         if cache is not None:
@@ -420,16 +479,27 @@ class MultiHeadAttention(nn.Module):
         gqa = self.num_groups > 1
         if self.attention_fn is not None:
             weights = None
-            context = self.attention_fn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa)
+            context = self.attention_fn(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa
+            )
         elif need_weights:
-            context, weights = _attention(q, k, v, attn_mask, is_causal, None, gqa, dropout_p)
+            context, weights = _attention(
+                q, k, v, attn_mask, is_causal, None, gqa, dropout_p
+            )
         else:
             weights = None
             context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
                 enable_gqa=gqa,
             )  # (b, h, i, d)
-        out = self.w_out(_merge_heads(context))  # (b, i, embed_dim): the heads concatenated
+        out = self.w_out(
+            _merge_heads(context)
+        )  # (b, i, embed_dim): the heads concatenated
         return (out if self.batch_first else out.transpose(0, 1)), weights
 
     @classmethod
@@ -448,7 +518,9 @@ class MultiHeadAttention(nn.Module):
                 module does not implement.
         """
         if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"module must be an nn.MultiheadAttention, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be an nn.MultiheadAttention, got {type(module).__name__}"
+            )
         if module.bias_k is not None or module.add_zero_attn:
             raise ValueError(
                 "add_bias_kv and add_zero_attn are not supported: the module must be built "
@@ -457,7 +529,9 @@ class MultiHeadAttention(nn.Module):
         e = module.embed_dim
         bias = module.in_proj_bias is not None
         if module._qkv_same_embed_dim:
-            w_q, w_k, w_v = module.in_proj_weight.detach().chunk(3, dim=0)  # (E, E) each
+            w_q, w_k, w_v = module.in_proj_weight.detach().chunk(
+                3, dim=0
+            )  # (E, E) each
         else:
             w_q, w_k, w_v = (
                 module.q_proj_weight.detach(),
@@ -477,7 +551,11 @@ class MultiHeadAttention(nn.Module):
         )
         layers = (new.w_query, new.w_key, new.w_value, new.w_out)
         weights = (w_q, w_k, w_v, module.out_proj.weight)
-        biases = (*module.in_proj_bias.chunk(3), module.out_proj.bias) if bias else (None,) * 4
+        biases = (
+            (*module.in_proj_bias.chunk(3), module.out_proj.bias)
+            if bias
+            else (None,) * 4
+        )
         with torch.no_grad():
             for layer, weight, b in zip(layers, weights, biases):
                 layer.weight.copy_(weight)

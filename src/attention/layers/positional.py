@@ -1,4 +1,4 @@
-"""Position information for attention: sinusoidal, rotary, linear-bias and bucketed (chapter 07).
+"""Position information for attention: sinusoidal, rotary, linear-bias and bucketed (chapter 7).
 
 Self-attention without position information is permutation-equivariant: shuffle the
 tokens and the outputs are shuffled the same way. Every function here injects order in
@@ -71,7 +71,12 @@ def _slopes_power_of_two(h: int) -> list[float]:
 
 
 def sinusoidal_positions(
-    n: int, d: int, *, base: float = 10000.0, dtype: torch.dtype | None = None, device=None
+    n: int,
+    d: int,
+    *,
+    base: float = 10000.0,
+    dtype: torch.dtype | None = None,
+    device=None,
 ) -> Tensor:
     r"""The sinusoidal position encodings of the Transformer, one row per position.
 
@@ -108,10 +113,14 @@ def sinusoidal_positions(
     angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * _inv_freq(
         d, base, None, device
     )  # (n, d/2)
-    return torch.stack((angles.sin(), angles.cos()), dim=-1).reshape(n, d).to(dtype)  # (n, d)
+    return (
+        torch.stack((angles.sin(), angles.cos()), dim=-1).reshape(n, d).to(dtype)
+    )  # (n, d)
 
 
-def rope_frequencies(d: int, *, base: float = 10000.0, scaling: dict | None = None) -> Tensor:
+def rope_frequencies(
+    d: int, *, base: float = 10000.0, scaling: dict | None = None
+) -> Tensor:
     r"""The inverse frequencies :math:`\theta_k = \text{base}^{-2k/d}` of rotary embeddings.
 
     Feature pair ``k`` of a query or key at position ``p`` is rotated by the angle
@@ -256,7 +265,9 @@ def alibi_bias(
     k = torch.arange(j, device=device)[None, :]  # (1, j)
     distance = (q - k).abs().to(torch.float64)  # (i, j)
     slopes = alibi_slopes(h).to(device)[:, None, None]  # (h, 1, 1)
-    return (0.0 - slopes * distance).to(dtype)  # (h, i, j); 0 - 0 = +0.0 on the diagonal
+    return (0.0 - slopes * distance).to(
+        dtype
+    )  # (h, i, j); 0 - 0 = +0.0 on the diagonal
 
 
 def relative_position_bucket(
@@ -313,7 +324,9 @@ def relative_position_bucket(
 
     rel = rel.to(torch.int64)
     if bidirectional:
-        offset = (rel > 0).to(torch.int64) * per_side  # keys after the query: upper half
+        offset = (rel > 0).to(
+            torch.int64
+        ) * per_side  # keys after the query: upper half
         distance = rel.abs()
     else:
         offset = torch.zeros_like(rel)
@@ -321,6 +334,8 @@ def relative_position_bucket(
     # float64 logarithms: the same buckets as T5's float32 code, with room to spare at the
     # bucket edges (distances E * (max_distance / E)^(t / (B - E)) that are integers)
     ratio = distance.clamp(min=exact).to(torch.float64) / exact
-    log_bucket = (ratio.log() / math.log(max_distance / exact) * (per_side - exact)).to(torch.int64)
+    log_bucket = (ratio.log() / math.log(max_distance / exact) * (per_side - exact)).to(
+        torch.int64
+    )
     large = (exact + log_bucket).clamp(max=per_side - 1)
     return offset + torch.where(distance < exact, distance, large)

@@ -1,4 +1,4 @@
-"""Score functions: how a query and a key become one number (taught in chapter 09).
+"""Score functions: how a query and a key become one number (taught in chapter 9).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions, ``d_q`` query size, ``d_k`` key size, ``a`` the hidden size of the
@@ -76,7 +76,9 @@ def get_activation(name: str | None) -> Callable[[Tensor], Tensor]:
         return ACTIVATIONS["identity"]
     allowed = ", ".join(repr(n) for n in sorted(ACTIVATIONS))
     if not isinstance(name, str):
-        raise TypeError(f"activation must be one of {allowed} or None, got {type(name).__name__}")
+        raise TypeError(
+            f"activation must be one of {allowed} or None, got {type(name).__name__}"
+        )
     if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {allowed} or None, got {name!r}")
     return ACTIVATIONS[name]
@@ -106,11 +108,13 @@ def dot_scores(query: Tensor, key: Tensor) -> Tensor:
     return query @ key.transpose(-2, -1)  # (..., i, j)
 
 
-def scaled_dot_scores(query: Tensor, key: Tensor, *, scale: float | None = None) -> Tensor:
+def scaled_dot_scores(
+    query: Tensor, key: Tensor, *, scale: float | None = None
+) -> Tensor:
     r"""Scaled dot-product scores :math:`s_{ij} = q_i^\top k_j / \sqrt{d}` (Vaswani et al.).
 
     With unit-variance entries :math:`\operatorname{Var}(q^\top k) = d`; dividing by
-    :math:`\sqrt{d}` brings the scores back to unit variance (chapter 03).
+    :math:`\sqrt{d}` brings the scores back to unit variance (chapter 3).
 
     Args:
         query: ``(..., i, d)``.
@@ -164,7 +168,11 @@ def _unit(x: Tensor) -> tuple[Tensor, Tensor]:
     """``x / |x|`` and ``|x|`` along the last axis, scaled by the largest entry first so the
     squares cannot overflow (a zero vector stays zero)."""
     tiny = torch.finfo(x.dtype).tiny
-    top = x.abs().amax(dim=-1, keepdim=True).clamp_min(tiny) if x.shape[-1] else x.new_ones(*x.shape[:-1], 1)
+    top = (
+        x.abs().amax(dim=-1, keepdim=True).clamp_min(tiny)
+        if x.shape[-1]
+        else x.new_ones(*x.shape[:-1], 1)
+    )
     scaled = x / top
     length = scaled.norm(dim=-1, keepdim=True)
     return scaled / length.clamp_min(tiny), top * length
@@ -304,7 +312,9 @@ def additive_scores(
     act = get_activation(activation)
     a = _check_additive(query, key, w_query, w_key, bias)
     check_param("v", v, (a,), "(a,)", query)
-    hidden = additive_hidden_core(query, key, w_query, w_key, bias, act)  # (..., i, j, a)
+    hidden = additive_hidden_core(
+        query, key, w_query, w_key, bias, act
+    )  # (..., i, j, a)
     return hidden @ v  # (..., i, j)
 
 
@@ -339,7 +349,9 @@ class GeneralScore(nn.Module):
         torch.Size([2, 4, 6])
     """
 
-    def __init__(self, d_q: int, d_k: int, *, bias: bool = False, activation: str | None = None):
+    def __init__(
+        self, d_q: int, d_k: int, *, bias: bool = False, activation: str | None = None
+    ):
         super().__init__()
         self.d_q, self.d_k = check_sizes(d_q=d_q, d_k=d_k)
         check_bool("bias", bias)
@@ -361,8 +373,10 @@ class GeneralScore(nn.Module):
         return general_scores(query, key, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
-        return (f"d_q={self.d_q}, d_k={self.d_k}, bias={self.bias is not None}, "
-                f"activation={self.activation!r}")
+        return (
+            f"d_q={self.d_q}, d_k={self.d_k}, bias={self.bias is not None}, "
+            f"activation={self.activation!r}"
+        )
 
 
 class AdditiveScore(nn.Module):
@@ -389,10 +403,19 @@ class AdditiveScore(nn.Module):
         torch.Size([4, 6])
     """
 
-    def __init__(self, d_q: int, d_k: int, d_hidden: int, activation: str | None = "tanh",
-                 *, bias: bool = True):
+    def __init__(
+        self,
+        d_q: int,
+        d_k: int,
+        d_hidden: int,
+        activation: str | None = "tanh",
+        *,
+        bias: bool = True,
+    ):
         super().__init__()
-        self.d_q, self.d_k, self.d_hidden = check_sizes(d_q=d_q, d_k=d_k, d_hidden=d_hidden)
+        self.d_q, self.d_k, self.d_hidden = check_sizes(
+            d_q=d_q, d_k=d_k, d_hidden=d_hidden
+        )
         check_bool("bias", bias)
         get_activation(activation)
         self.activation = activation
@@ -404,7 +427,9 @@ class AdditiveScore(nn.Module):
 
     def reset_parameters(self) -> None:
         """Uniform in :math:`\\pm 1/\\sqrt{\\text{fan-in}}` for each matrix, like ``nn.Linear``."""
-        nn.init.uniform_(self.w_query, -1 / math.sqrt(self.d_q), 1 / math.sqrt(self.d_q))
+        nn.init.uniform_(
+            self.w_query, -1 / math.sqrt(self.d_q), 1 / math.sqrt(self.d_q)
+        )
         nn.init.uniform_(self.w_key, -1 / math.sqrt(self.d_k), 1 / math.sqrt(self.d_k))
         bound = 1.0 / math.sqrt(self.d_hidden)
         nn.init.uniform_(self.v, -bound, bound)
@@ -413,12 +438,17 @@ class AdditiveScore(nn.Module):
 
     def hidden(self, query: Tensor, key: Tensor) -> Tensor:
         """``(..., i, j, d_hidden)`` hidden features :math:`\\mathrm{act}(W_1 q + W_2 k + b)`."""
-        return additive_hidden(query, key, self.w_query, self.w_key, self.bias, self.activation)
+        return additive_hidden(
+            query, key, self.w_query, self.w_key, self.bias, self.activation
+        )
 
     def forward(self, query: Tensor, key: Tensor) -> Tensor:
-        return additive_scores(query, key, self.w_query, self.w_key, self.v, self.bias,
-                               self.activation)
+        return additive_scores(
+            query, key, self.w_query, self.w_key, self.v, self.bias, self.activation
+        )
 
     def extra_repr(self) -> str:
-        return (f"d_q={self.d_q}, d_k={self.d_k}, d_hidden={self.d_hidden}, "
-                f"activation={self.activation!r}, bias={self.bias is not None}")
+        return (
+            f"d_q={self.d_q}, d_k={self.d_k}, d_hidden={self.d_hidden}, "
+            f"activation={self.activation!r}, bias={self.bias is not None}"
+        )

@@ -1,4 +1,4 @@
-"""Single-head self-attention with learned projections (chapter 05).
+"""Single-head self-attention with learned projections (chapter 5).
 
 Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions, ``j`` key
 positions (``i = j`` in self-attention), ``d`` query/key size (``d_out_kq``), ``e`` value

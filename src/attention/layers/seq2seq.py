@@ -1,4 +1,4 @@
-"""A tiny encoder-decoder whose cross-attention learns an alignment (chapter 08).
+"""A tiny encoder-decoder whose cross-attention learns an alignment (chapter 8).
 
 The first toy task is sequence reversal: the source ``3 1 4 1 5`` must become
 ``5 1 4 1 3``. Output position ``t`` of a length-``n`` sequence needs exactly source
@@ -102,8 +102,12 @@ def reversal_batch(
     length = check_int("length", length, minimum=1)
     num_symbols = check_int("num_symbols", num_symbols, minimum=1)
     check_generator(generator, torch.device("cpu"))
-    src = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + num_symbols, (batch_size, length),
-                        generator=generator)  # (b, n)
+    src = torch.randint(
+        FIRST_SYMBOL,
+        FIRST_SYMBOL + num_symbols,
+        (batch_size, length),
+        generator=generator,
+    )  # (b, n)
     tgt_out = src.flip(-1)  # (b, n)
     bos = torch.full((batch_size, 1), BOS, dtype=src.dtype)
     tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=-1)  # (b, n)
@@ -147,10 +151,16 @@ def lookup_batch(
     num_pairs = check_int("num_pairs", num_pairs, minimum=1)
     num_values = check_int("num_values", num_values, minimum=1)
     check_generator(generator, torch.device("cpu"))
-    order = torch.rand(batch_size, num_pairs, generator=generator).argsort(-1)  # (b, P): key at slot
-    values = torch.randint(num_values, (batch_size, num_pairs), generator=generator)  # (b, P): value of key t
+    order = torch.rand(batch_size, num_pairs, generator=generator).argsort(
+        -1
+    )  # (b, P): key at slot
+    values = torch.randint(
+        num_values, (batch_size, num_pairs), generator=generator
+    )  # (b, P): value of key t
     first_value = FIRST_SYMBOL + num_pairs
-    src = torch.stack([FIRST_SYMBOL + order, first_value + values.gather(-1, order)], dim=-1)
+    src = torch.stack(
+        [FIRST_SYMBOL + order, first_value + values.gather(-1, order)], dim=-1
+    )
     src = src.flatten(1)  # (b, 2P): k v k v ...
     tgt_out = first_value + values  # (b, P): value of key 0, 1, ...
     bos = torch.full((batch_size, 1), BOS, dtype=src.dtype)
@@ -185,7 +195,9 @@ def encoder_decoder_masks(
         >>> enc[0].int().tolist(), dec[0].int().tolist()
         ([[1, 1, 0]], [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
     """
-    src_len = check_int("src_len", src_len, minimum=0)  # named here: padding_mask would say j
+    src_len = check_int(
+        "src_len", src_len, minimum=0
+    )  # named here: padding_mask would say j
     tgt_len = check_int("tgt_len", tgt_len, minimum=0)
     src_pad = padding_mask(src_lengths, src_len)[:, 0]  # (b, 1, j)
     tgt_pad = padding_mask(tgt_lengths, tgt_len)[:, 0]  # (b, 1, i)
@@ -195,7 +207,9 @@ def encoder_decoder_masks(
             f"got {src_pad.shape[0]} and {tgt_pad.shape[0]}"
         )
     if src_len and src_pad.shape[0] and not src_pad.any(-1).all():
-        raise ValueError("every source must have at least one real token (a length >= 1)")
+        raise ValueError(
+            "every source must have at least one real token (a length >= 1)"
+        )
     decoder_self = combine_masks(causal_mask(tgt_len, device=tgt_pad.device), tgt_pad)
     return src_pad, decoder_self, src_pad  # (b, 1, j), (b, i, i), (b, 1, j)
 
@@ -241,11 +255,15 @@ class TinySeq2Seq(nn.Module):
     def _check_tokens(self, name: str, tokens) -> None:
         check_tensor(name, tokens, dtype=torch.long)
         if tokens.dim() != 2:
-            raise ValueError(f"{name} must be a (b, n) tensor of token ids, got shape {tuple(tokens.shape)}")
+            raise ValueError(
+                f"{name} must be a (b, n) tensor of token ids, got shape {tuple(tokens.shape)}"
+            )
         check_same_device(**{name: tokens, "the model": self.readout.weight})
         check_has_data(name, tokens)
         if tokens.shape[1] > self.max_len:
-            raise ValueError(f"{name} has {tokens.shape[1]} positions, more than max_len={self.max_len}")
+            raise ValueError(
+                f"{name} has {tokens.shape[1]} positions, more than max_len={self.max_len}"
+            )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise ValueError(f"{name} token ids must lie in [0, {self.vocab_size - 1}]")
 
@@ -255,8 +273,13 @@ class TinySeq2Seq(nn.Module):
         h = self.src_embed(src) + self.src_pos(positions)  # (b, j, d)
         return h + self.encoder_attn(h, attn_mask=src_mask)[0]  # (b, j, d)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, decoder_mask: Tensor | None = None,
-               cross_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        decoder_mask: Tensor | None = None,
+        cross_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """``(b, i)`` decoder input and ``(b, j, d)`` memory -> ``(b, i, V)`` logits and the
         ``(b, i, j)`` cross-attention weights."""
         positions = torch.arange(tgt_in.shape[1], device=tgt_in.device)
@@ -265,7 +288,9 @@ class TinySeq2Seq(nn.Module):
             h = h + self.decoder_attn(h, is_causal=True)[0]
         else:
             h = h + self.decoder_attn(h, attn_mask=decoder_mask)[0]  # (b, i, d)
-        context, weights = self.cross_attn(h, memory, attn_mask=cross_mask, need_weights=True)
+        context, weights = self.cross_attn(
+            h, memory, attn_mask=cross_mask, need_weights=True
+        )
         return self.readout(h + context), weights  # (b, i, V), (b, i, j)
 
     def forward(
@@ -304,7 +329,9 @@ class TinySeq2Seq(nn.Module):
         if src_lengths is not None or tgt_lengths is not None:
             src_lengths = [j] * b if src_lengths is None else src_lengths
             tgt_lengths = [i] * b if tgt_lengths is None else tgt_lengths
-            enc_mask, dec_mask, cross_mask = encoder_decoder_masks(src_lengths, tgt_lengths, j, i)
+            enc_mask, dec_mask, cross_mask = encoder_decoder_masks(
+                src_lengths, tgt_lengths, j, i
+            )
         memory = self.encode(src, enc_mask)
         logits, weights = self.decode(tgt_in, memory, dec_mask, cross_mask)
         return logits, (weights if need_weights else None)
@@ -345,20 +372,31 @@ def train_seq2seq(
     if not isinstance(model, TinySeq2Seq):
         raise TypeError(f"model must be a TinySeq2Seq, got {type(model).__name__}")
     if isinstance(steps, bool) or not isinstance(steps, (int, Iterable)):
-        raise TypeError(f"steps must be an int or an iterable, got {type(steps).__name__}")
-    if isinstance(steps, torch.Tensor):  # iterable, but a 0-d tensor fails deep inside the loop
-        raise TypeError("steps must be an int or an iterable (e.g. a range or a tqdm bar), got a "
-                        "Tensor; pass int(steps)")
+        raise TypeError(
+            f"steps must be an int or an iterable, got {type(steps).__name__}"
+        )
+    if isinstance(
+        steps, torch.Tensor
+    ):  # iterable, but a 0-d tensor fails deep inside the loop
+        raise TypeError(
+            "steps must be an int or an iterable (e.g. a range or a tqdm bar), got a "
+            "Tensor; pass int(steps)"
+        )
     if isinstance(steps, int):
         steps = range(check_int("steps", steps, minimum=0))
     if task not in ("reversal", "lookup"):
         raise ValueError(f"task must be 'reversal' or 'lookup', got {task!r}")
-    source_per_item = 1 if task == "reversal" else 2  # source positions per target position
+    source_per_item = (
+        1 if task == "reversal" else 2
+    )  # source positions per target position
     default = model.max_len // source_per_item
     length = default if length is None else check_int("length", length, minimum=1)
     if source_per_item * length > model.max_len:
-        limit = (f"model.max_len={model.max_len}" if task == "reversal" else
-                 f"{default} (model.max_len={model.max_len} source positions)")
+        limit = (
+            f"model.max_len={model.max_len}"
+            if task == "reversal"
+            else f"{default} (model.max_len={model.max_len} source positions)"
+        )
         raise ValueError(f"length must be <= {limit}, got {length}")
     batch_size = check_int("batch_size", batch_size, minimum=1)
     lr = check_real("lr", lr)
@@ -370,8 +408,10 @@ def train_seq2seq(
     loss_fn = nn.CrossEntropyLoss()
     num_symbols = model.vocab_size - FIRST_SYMBOL
     if task == "lookup" and num_symbols - length < 1:
-        raise ValueError(f"the lookup task needs a vocabulary of more than {FIRST_SYMBOL + length} "
-                         f"entries for {length} keys, got vocab_size={model.vocab_size}")
+        raise ValueError(
+            f"the lookup task needs a vocabulary of more than {FIRST_SYMBOL + length} "
+            f"entries for {length} keys, got vocab_size={model.vocab_size}"
+        )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     losses = []
@@ -379,9 +419,13 @@ def train_seq2seq(
     try:
         for _ in steps:
             if task == "reversal":
-                batch = reversal_batch(batch_size, length, num_symbols, generator=generator)
+                batch = reversal_batch(
+                    batch_size, length, num_symbols, generator=generator
+                )
             else:
-                batch = lookup_batch(batch_size, length, num_symbols - length, generator=generator)
+                batch = lookup_batch(
+                    batch_size, length, num_symbols - length, generator=generator
+                )
             logits, _ = model(batch.src, batch.tgt_in)  # (b, i, V)
             loss = loss_fn(logits.flatten(0, 1), batch.tgt_out.flatten())
             optimizer.zero_grad()
@@ -414,7 +458,9 @@ def greedy_decode(model: TinySeq2Seq, src: Tensor, length: int | None = None) ->
     model._check_tokens("src", src)
     length = src.shape[1] if length is None else check_int("length", length, minimum=0)
     if length > model.max_len:
-        raise ValueError(f"length must be <= model.max_len={model.max_len}, got {length}")
+        raise ValueError(
+            f"length must be <= model.max_len={model.max_len}, got {length}"
+        )
     memory = model.encode(src)
     tokens = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
     for _ in range(length):

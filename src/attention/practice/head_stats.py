@@ -27,16 +27,23 @@ __all__ = ["mean_attention_entropy", "attention_share", "sink_share", "head_dive
 def _positions(name: str, positions, size: int) -> list[int]:
     """One position or several (ints, or a 1-D integer tensor), each in ``[0, size)``."""
     if isinstance(positions, Tensor):
-        if positions.is_floating_point() or positions.dtype == torch.bool or positions.dim() > 1:
-            raise TypeError(f"{name} must be integer positions, got a tensor of dtype "
-                            f"{positions.dtype} and shape {tuple(positions.shape)}")
+        if (
+            positions.is_floating_point()
+            or positions.dtype == torch.bool
+            or positions.dim() > 1
+        ):
+            raise TypeError(
+                f"{name} must be integer positions, got a tensor of dtype "
+                f"{positions.dtype} and shape {tuple(positions.shape)}"
+            )
         positions = positions.reshape(-1).tolist()
     elif isinstance(positions, str) or not isinstance(positions, Sequence | range):
         positions = [positions]
     checked = [check_int(name, p) for p in positions]
     if not checked or any(not 0 <= p < size for p in checked):
         raise ValueError(
-            f"{name} must be a non-empty list of positions in [0, {size}), got {checked}")
+            f"{name} must be a non-empty list of positions in [0, {size}), got {checked}"
+        )
     return checked
 
 
@@ -87,7 +94,9 @@ def _kl_bits(p: Tensor, q: Tensor) -> Tensor:
 
     Only exact zeros of ``p`` are skipped, so a NaN in ``p`` reaches the result.
     """
-    ratio = torch.where(p == 0, torch.ones_like(p), p / q.clamp_min(torch.finfo(q.dtype).tiny))
+    ratio = torch.where(
+        p == 0, torch.ones_like(p), p / q.clamp_min(torch.finfo(q.dtype).tiny)
+    )
     return (p * torch.log2(ratio)).sum(dim=-1)
 
 
@@ -143,7 +152,9 @@ def head_diversity(attentions: Tensor) -> Tensor:
     return head_distances(attentions)[..., a, b].mean(dim=-1)  # (...)
 
 
-def attention_share(attentions: Tensor, query: int, keys: int | Sequence[int]) -> Tensor:
+def attention_share(
+    attentions: Tensor, query: int, keys: int | Sequence[int]
+) -> Tensor:
     r"""The share of query ``query``'s attention that goes to the key position(s) ``keys``.
 
     :math:`s = \sum_{j \in \text{keys}} A_{\text{query}, j}`, for every leading index.
@@ -180,12 +191,17 @@ def top_heads(share: Tensor, k: int = 5) -> list[tuple[int, int, float]]:
     """
     check_tensor("share", share, floating=True)
     if share.device.type == "meta":
-        raise ValueError("share must hold values to rank, got a tensor on the meta device")
+        raise ValueError(
+            "share must hold values to rank, got a tensor on the meta device"
+        )
     if share.dim() != 2:
-        raise ValueError(f"share must be a (num_layers, h) table, got shape {tuple(share.shape)}")
+        raise ValueError(
+            f"share must be a (num_layers, h) table, got shape {tuple(share.shape)}"
+        )
     k = check_size("k", k)
     values, flat = share.flatten().topk(min(k, share.numel()))
     num_heads = share.shape[1]
     return [
-        (int(f) // num_heads, int(f) % num_heads, float(v)) for v, f in zip(values, flat, strict=True)
+        (int(f) // num_heads, int(f) % num_heads, float(v))
+        for v, f in zip(values, flat, strict=True)
     ]

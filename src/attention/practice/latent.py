@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) and its compressed cache (chapter 16).
+"""Multi-head latent attention (DeepSeek-V2/V3) and its compressed cache (chapter 18).
 
 Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions
 (cached ones included), ``n`` new positions, ``r`` = ``kv_lora_rank`` (the latent size),
@@ -80,16 +80,29 @@ class LatentKVCache(LinearCache):
         True
     """
 
-    def __init__(self, batch_size: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int,
-                 *, dtype: torch.dtype | None = None, device=None) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        max_len: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device=None,
+    ) -> None:
         sizes = check_sizes(
-            zero_ok=("qk_rope_head_dim",), batch_size=batch_size, max_len=max_len,
-            kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+            zero_ok=("qk_rope_head_dim",),
+            batch_size=batch_size,
+            max_len=max_len,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
         )
         self.batch_size, self.max_len, self.kv_lora_rank, self.qk_rope_head_dim = sizes
         dtype, device = buffer_kind(dtype, device)
         width = self.kv_lora_rank + self.qk_rope_head_dim
-        self.buffer = torch.zeros(self.batch_size, self.max_len, width, dtype=dtype, device=device)
+        self.buffer = torch.zeros(
+            self.batch_size, self.max_len, width, dtype=dtype, device=device
+        )
         self.length = 0
 
     @staticmethod
@@ -134,7 +147,9 @@ class LatentKVCache(LinearCache):
                     f"got {tuple(t.shape)}"
                 )
             if t.dtype != self.dtype:
-                raise TypeError(f"the cache stores {self.dtype}, got {name} of dtype {t.dtype}")
+                raise TypeError(
+                    f"the cache stores {self.dtype}, got {name} of dtype {t.dtype}"
+                )
         n = latent.shape[1]
         if rope_key.shape[1] != n:
             raise ValueError(
@@ -145,7 +160,9 @@ class LatentKVCache(LinearCache):
         self.buffer[:, start:stop, :r] = latent
         self.buffer[:, start:stop, r:] = rope_key
         self.length = stop
-        return self.buffer[:, :stop, :r], self.buffer[:, :stop, r:]  # (b, j, r), (b, j, q)
+        return self.buffer[:, :stop, :r], self.buffer[
+            :, :stop, r:
+        ]  # (b, j, r), (b, j, q)
 
     def __repr__(self) -> str:
         return (
@@ -227,7 +244,9 @@ class MultiHeadLatentAttention(nn.Module):
         q = check_int("qk_rope_head_dim", qk_rope_head_dim, minimum=2)
         e = check_int("v_head_dim", v_head_dim, minimum=1)
         if q % 2:
-            raise ValueError(f"qk_rope_head_dim must be even (RoPE rotates pairs), got {q}")
+            raise ValueError(
+                f"qk_rope_head_dim must be even (RoPE rotates pairs), got {q}"
+            )
         if r > min(embed_dim, h * (p + e)):
             raise ValueError(
                 "kv_lora_rank must not exceed embed_dim or num_heads * (qk_nope_head_dim + "
@@ -242,8 +261,12 @@ class MultiHeadLatentAttention(nn.Module):
                     f"qk_rope_head_dim), got {q_lora_rank} with embed_dim={embed_dim} and "
                     f"{h} * ({p} + {q}) = {h * (p + q)}"
                 )
-        self.rope = rope_config(rope, "MultiHeadLatentAttention", rope_base=("base", rope_base),
-                                rope_interleaved=("interleaved", rope_interleaved))
+        self.rope = rope_config(
+            rope,
+            "MultiHeadLatentAttention",
+            rope_base=("base", rope_base),
+            rope_interleaved=("interleaved", rope_interleaved),
+        )
         _check_scaling(self.rope.scaling, q)
         if not check_real("norm_eps", norm_eps) >= 0:
             raise ValueError(f"norm_eps must be >= 0, got {norm_eps}")
@@ -252,7 +275,9 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = p, q, e
         self.q_lora_rank = q_lora_rank
         self.norm_eps = float(norm_eps)
-        self.scale = (p + q) ** -0.5  # DeepSeek's own spelling, bit for bit (not 1 / sqrt)
+        self.scale = (
+            p + q
+        ) ** -0.5  # DeepSeek's own spelling, bit for bit (not 1 / sqrt)
         fac = {"device": device, "dtype": dtype}
         if q_lora_rank is None:
             self.w_query = nn.Linear(embed_dim, h * (p + q), bias=False, **fac)
@@ -266,9 +291,21 @@ class MultiHeadLatentAttention(nn.Module):
         self.w_out = nn.Linear(h * e, embed_dim, bias=False, **fac)
 
     def extra_repr(self) -> str:
-        names = ("embed_dim", "num_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
-                 "qk_rope_head_dim", "v_head_dim", "rope_interleaved")
-        extra = "" if self.rope == RotaryConfig(interleaved=self.rope.interleaved) else f", rope={self.rope}"
+        names = (
+            "embed_dim",
+            "num_heads",
+            "kv_lora_rank",
+            "q_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "rope_interleaved",
+        )
+        extra = (
+            ""
+            if self.rope == RotaryConfig(interleaved=self.rope.interleaved)
+            else f", rope={self.rope}"
+        )
         return ", ".join(f"{k}={getattr(self, k)}" for k in names) + extra
 
     @property
@@ -282,17 +319,32 @@ class MultiHeadLatentAttention(nn.Module):
         return self.rope.interleaved
 
     def new_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device=None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device=None,
     ) -> LatentKVCache:
         """An empty :class:`LatentKVCache` for this module (dtype and device of its weights)."""
         weight = self.w_kv_down.weight
-        return LatentKVCache(batch_size, max_len, self.kv_lora_rank, self.qk_rope_head_dim,
-                             dtype=weight.dtype if dtype is None else dtype,
-                             device=weight.device if device is None else device)
+        return LatentKVCache(
+            batch_size,
+            max_len,
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+            dtype=weight.dtype if dtype is None else dtype,
+            device=weight.device if device is None else device,
+        )
 
     def up_projections(self) -> tuple[Tensor, Tensor]:
         """The per-head up-projections :math:`W^{UK}` ``(h, p, r)`` and :math:`W^{UV}` ``(h, e, r)``."""
-        h, p, e, r = self.num_heads, self.qk_nope_head_dim, self.v_head_dim, self.kv_lora_rank
+        h, p, e, r = (
+            self.num_heads,
+            self.qk_nope_head_dim,
+            self.v_head_dim,
+            self.kv_lora_rank,
+        )
         w_uk, w_uv = self.w_kv_up.weight.view(h, p + e, r).split([p, e], dim=1)
         return w_uk, w_uv
 
@@ -318,15 +370,22 @@ class MultiHeadLatentAttention(nn.Module):
         if cache is None:
             return
         if not isinstance(cache, LatentKVCache):
-            raise TypeError(f"cache must be a LatentKVCache or None, got {type(cache).__name__}")
-        if (cache.kv_lora_rank, cache.qk_rope_head_dim) != (self.kv_lora_rank, self.qk_rope_head_dim):
+            raise TypeError(
+                f"cache must be a LatentKVCache or None, got {type(cache).__name__}"
+            )
+        if (cache.kv_lora_rank, cache.qk_rope_head_dim) != (
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+        ):
             raise ValueError(
                 f"the cache holds latents of {cache.kv_lora_rank} and rotary keys of "
                 f"{cache.qk_rope_head_dim}, the module needs {self.kv_lora_rank} and "
                 f"{self.qk_rope_head_dim}"
             )
         if cache.batch_size != b:
-            raise ValueError(f"the cache was built for batch size {cache.batch_size}, got {b}")
+            raise ValueError(
+                f"the cache was built for batch size {cache.batch_size}, got {b}"
+            )
         if (cache.dtype, cache.device) != (weight.dtype, weight.device):
             raise TypeError(
                 f"the cache stores {cache.dtype} on {cache.device}, the module computes in "
@@ -362,12 +421,25 @@ class MultiHeadLatentAttention(nn.Module):
         """
         self._validate(x, is_causal, positions, cache, absorb)
         b, n, _ = x.shape
-        h, p, q, r = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
+        h, p, q, r = (
+            self.num_heads,
+            self.qk_nope_head_dim,
+            self.qk_rope_head_dim,
+            self.kv_lora_rank,
+        )
         num_cached = 0 if cache is None else cache.length
         if positions is None:
-            positions = torch.arange(num_cached, num_cached + n, device=x.device)  # (n,)
-        rope = (self.rope.base, self.rope.interleaved, _check_scaling(self.rope.scaling, q))
-        head_pos = positions if positions.dim() == 1 else positions[:, None]  # (n,) or (b, 1, n)
+            positions = torch.arange(
+                num_cached, num_cached + n, device=x.device
+            )  # (n,)
+        rope = (
+            self.rope.base,
+            self.rope.interleaved,
+            _check_scaling(self.rope.scaling, q),
+        )
+        head_pos = (
+            positions if positions.dim() == 1 else positions[:, None]
+        )  # (n,) or (b, 1, n)
 
         if self.q_lora_rank is None:
             query = self.w_query(x)  # (b, n, h(p+q))
@@ -386,7 +458,9 @@ class MultiHeadLatentAttention(nn.Module):
 
         # bottom-right causal: the new queries see every cached position (none needed for n = 1)
         causal = is_causal and n > 1
-        attn_mask = decoding_mask(n, num_cached, device=x.device) if causal else None  # (i, j)
+        attn_mask = (
+            decoding_mask(n, num_cached, device=x.device) if causal else None
+        )  # (i, j)
 
         w_uk, w_uv = self.up_projections()  # (h, p, r), (h, e, r)
         if absorb:
@@ -397,19 +471,30 @@ class MultiHeadLatentAttention(nn.Module):
             key = torch.cat([latent, k_rope], dim=-1)[:, None]  # (b, 1, j, r+q)
             mask = None if attn_mask is None else attn_mask.repeat(h, 1)  # (h n, j)
             context = F.scaled_dot_product_attention(
-                query.reshape(b, 1, h * n, r + q), key, latent[:, None], attn_mask=mask,
+                query.reshape(b, 1, h * n, r + q),
+                key,
+                latent[:, None],
+                attn_mask=mask,
                 scale=self.scale,
             )  # (b, 1, h n, r)
             context = context.view(b, h, n, r) @ w_uv.transpose(-2, -1)  # (b, h, n, e)
         else:
             k_nope = torch.einsum("bjr,hpr->bhjp", latent, w_uk)  # (b, h, j, p)
             value = torch.einsum("bjr,her->bhje", latent, w_uv)  # (b, h, j, e)
-            key = torch.cat([k_nope, k_rope[:, None].expand(b, h, j, q)], dim=-1)  # (b, h, j, p+q)
+            key = torch.cat(
+                [k_nope, k_rope[:, None].expand(b, h, j, q)], dim=-1
+            )  # (b, h, j, p+q)
             query = torch.cat([q_nope, q_rope], dim=-1)  # (b, h, n, p+q)
-            top_left = causal and num_cached == 0  # torch's fused kernel skips masked tiles
+            top_left = (
+                causal and num_cached == 0
+            )  # torch's fused kernel skips masked tiles
             context = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=None if top_left else attn_mask,
-                is_causal=top_left, scale=self.scale,
+                query,
+                key,
+                value,
+                attn_mask=None if top_left else attn_mask,
+                is_causal=top_left,
+                scale=self.scale,
             )  # (b, h, n, e)
         out = context.transpose(1, 2).reshape(b, n, h * self.v_head_dim)  # (b, n, h e)
         return self.w_out(out), None
@@ -428,10 +513,14 @@ class MultiHeadLatentAttention(nn.Module):
                 scalings change the angles and the scale), attention biases, or
                 ``num_key_value_heads != num_attention_heads``.
         """
-        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+            DeepseekV3Attention,
+        )
 
         if not isinstance(module, DeepseekV3Attention):
-            raise TypeError(f"module must be a DeepseekV3Attention, got {type(module).__name__}")
+            raise TypeError(
+                f"module must be a DeepseekV3Attention, got {type(module).__name__}"
+            )
         config = module.config
         rope_parameters = dict(getattr(config, "rope_parameters", None) or {})
         rope_type = rope_parameters.get("rope_type", "default")
@@ -444,14 +533,19 @@ class MultiHeadLatentAttention(nn.Module):
             getattr(layer, "bias", None) is not None
             for layer in (module.q_a_proj, module.kv_a_proj_with_mqa, module.o_proj)
         ):
-            raise ValueError("attention biases are not supported (config.attention_bias=True)")
+            raise ValueError(
+                "attention biases are not supported (config.attention_bias=True)"
+            )
         if config.num_key_value_heads != config.num_attention_heads:
             raise ValueError(
                 "num_key_value_heads must equal num_attention_heads, got "
                 f"{config.num_key_value_heads} and {config.num_attention_heads}"
             )
         eps = module.kv_a_layernorm.variance_epsilon
-        if module.q_a_layernorm is not None and module.q_a_layernorm.variance_epsilon != eps:
+        if (
+            module.q_a_layernorm is not None
+            and module.q_a_layernorm.variance_epsilon != eps
+        ):
             raise ValueError(
                 "the two latent RMSNorms must share their epsilon, got "
                 f"{module.q_a_layernorm.variance_epsilon} and {eps}"
@@ -465,18 +559,28 @@ class MultiHeadLatentAttention(nn.Module):
             qk_rope_head_dim=config.qk_rope_head_dim,
             v_head_dim=config.v_head_dim,
             q_lora_rank=config.q_lora_rank,
-            rope=RotaryConfig(base=float(rope_parameters.get("rope_theta", 10000.0)),
-                              interleaved=bool(config.rope_interleave)),
+            rope=RotaryConfig(
+                base=float(rope_parameters.get("rope_theta", 10000.0)),
+                interleaved=bool(config.rope_interleave),
+            ),
             norm_eps=float(eps),
             device=ref.device,
             dtype=ref.dtype,
         )
-        names = {"w_kv_down": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm",
-                 "w_kv_up": "kv_b_proj", "w_out": "o_proj"}
+        names = {
+            "w_kv_down": "kv_a_proj_with_mqa",
+            "kv_norm": "kv_a_layernorm",
+            "w_kv_up": "kv_b_proj",
+            "w_out": "o_proj",
+        }
         if config.q_lora_rank is None:
             names["w_query"] = "q_proj"
         else:
-            names.update(w_query_down="q_a_proj", query_norm="q_a_layernorm", w_query_up="q_b_proj")
+            names.update(
+                w_query_down="q_a_proj",
+                query_norm="q_a_layernorm",
+                w_query_up="q_b_proj",
+            )
         with torch.no_grad():
             for ours, theirs in names.items():
                 getattr(new, ours).weight.copy_(getattr(module, theirs).weight)

@@ -1,4 +1,4 @@
-"""Keeping attention logits in range: soft-capping and QK-norm (chapter 16).
+"""Keeping attention logits in range: soft-capping and QK-norm (chapter 18).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size,

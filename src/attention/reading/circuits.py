@@ -1,4 +1,4 @@
-r"""Reading attention heads as circuits, and the scores that find induction heads (chapter 18).
+r"""Reading attention heads as circuits, and the scores that find induction heads (chapter 19).
 
 A transformer without MLPs is a *residual stream* that every head reads from and writes
 to additively. Head ``n`` of a layer factors into two matrices of size ``D x D`` (``D``
@@ -38,7 +38,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_choice, check_int, check_same_device, check_tensor
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_same_device,
+    check_tensor,
+)
 from .._core import masked_softmax, top_left_causal
 from ..layers.multihead import MultiHeadAttention, split_heads
 
@@ -61,7 +67,11 @@ def _head_weights(module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     h, d = module.num_heads, module.head_dim
     if isinstance(module, nn.MultiheadAttention):
         if module.in_proj_weight is None:  # separate kdim / vdim projections
-            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+            w_q, w_k, w_v = (
+                module.q_proj_weight,
+                module.k_proj_weight,
+                module.v_proj_weight,
+            )
         else:
             w_q, w_k, w_v = module.in_proj_weight.chunk(3, dim=0)  # each (D, D_in)
         w_q, w_k, w_v = (w.reshape(h, d, -1).transpose(-2, -1) for w in (w_q, w_k, w_v))
@@ -70,13 +80,17 @@ def _head_weights(module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     w_k = module.w_key.weight.reshape(module.num_kv_heads, d, -1).transpose(-2, -1)
     w_v = module.w_value.weight.reshape(module.num_kv_heads, d, -1).transpose(-2, -1)
     groups = module.num_groups
-    w_k = w_k.repeat_interleave(groups, dim=0)  # (h, D_k, d): query head n reads kv head n // groups
+    w_k = w_k.repeat_interleave(
+        groups, dim=0
+    )  # (h, D_k, d): query head n reads kv head n // groups
     w_v = w_v.repeat_interleave(groups, dim=0)  # (h, D_v, d)
     w_o = module.w_out.weight.reshape(-1, h, d).permute(1, 2, 0)  # (h, d, D)
     return w_q, w_k, w_v, w_o
 
 
-def _pair(name: str, first, second, first_name: str, second_name: str) -> tuple[Tensor, Tensor]:
+def _pair(
+    name: str, first, second, first_name: str, second_name: str
+) -> tuple[Tensor, Tensor]:
     """Either a MultiHeadAttention (``second`` None) or two per-head matrices."""
     if isinstance(first, MultiHeadAttention | nn.MultiheadAttention):
         if second is not None:
@@ -170,11 +184,15 @@ def ov_circuit(w_value, w_out: Tensor | None = None) -> Tensor:
 def _check_square(name: str, x) -> None:
     check_tensor(name, x, floating=True, min_dim=2)
     if x.shape[-1] != x.shape[-2]:
-        raise ValueError(f"{name} must be square in its last two dims (..., D, D), "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be square in its last two dims (..., D, D), "
+            f"got shape {tuple(x.shape)}"
+        )
 
 
-def composition_score(ov_first: Tensor, circuit_second: Tensor, *, kind: str = "k") -> Tensor:
+def composition_score(
+    ov_first: Tensor, circuit_second: Tensor, *, kind: str = "k"
+) -> Tensor:
     r"""How much a later head reads what an earlier head wrote (Elhage et al. 2021).
 
     .. math::
@@ -237,14 +255,18 @@ def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
         (1.0, -1.0)
     """
     if factors:
-        for name, t in (("circuit", circuit), *((f"factor {k}", f) for k, f in enumerate(factors))):
+        for name, t in (
+            ("circuit", circuit),
+            *((f"factor {k}", f) for k, f in enumerate(factors)),
+        ):
             check_tensor(name, t, floating=True, min_dim=2)
         for k, f in enumerate(factors):
             check_same_device(circuit=circuit, factor=f)
             if f.shape[-2] != circuit.shape[-1]:
                 raise ValueError(
                     f"factor {k} of shape {tuple(f.shape)} cannot multiply a product of shape "
-                    f"{tuple(circuit.shape)}: its rows must match the product's columns")
+                    f"{tuple(circuit.shape)}: its rows must match the product's columns"
+                )
             circuit = circuit @ f
     _check_square("circuit", circuit)
     eig = torch.linalg.eigvals(circuit.double())  # (..., V) complex
@@ -271,7 +293,9 @@ def _per_sequence(name: str, t: Tensor, weights: Tensor) -> Tensor:
     n = weights.shape[-1]
     if t.dim() == 1:
         if t.shape[0] != n:
-            raise ValueError(f"{name} must have length n={n}, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have length n={n}, got shape {tuple(t.shape)}"
+            )
         return t
     if t.dim() == 2:
         if weights.dim() < 3 or t.shape != (weights.shape[0], n):
@@ -314,7 +338,9 @@ def previous_token_score(weights: Tensor) -> Tensor:
     """
     n = _check_maps(weights)
     if n < 2:
-        raise ValueError(f"previous_token_score needs n >= 2 positions, got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"previous_token_score needs n >= 2 positions, got shape {tuple(weights.shape)}"
+        )
     return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # (...)
 
 
@@ -349,8 +375,10 @@ def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tenso
         check_same_device(weights=weights, positions=positions)
         positions = _per_sequence("positions", positions, weights)
         if positions.numel() and (positions.min() < -1 or positions.max() >= n):
-            raise ValueError(f"positions must be -1 (no induction key) or in [0, {n}), got values in "
-                             f"[{int(positions.min())}, {int(positions.max())}]")
+            raise ValueError(
+                f"positions must be -1 (no induction key) or in [0, {n}), got values in "
+                f"[{int(positions.min())}, {int(positions.max())}]"
+            )
         keys = torch.arange(n, device=weights.device)
         chosen = positions.unsqueeze(-1) == keys  # (..., i, j)
         return _score(weights, chosen)
@@ -368,14 +396,18 @@ def _token_keys(tokens: Tensor, weights: Tensor, shift: int, is_causal: bool) ->
     n = weights.shape[-1]
     same = t.unsqueeze(-1) == t.unsqueeze(-2)  # (..., i, k): t_k == t_i
     q = torch.arange(n, device=weights.device)
-    allowed = q[None, :] < q[:, None] if is_causal else q[None, :] != q[:, None]  # k < i or k != i
+    allowed = (
+        q[None, :] < q[:, None] if is_causal else q[None, :] != q[:, None]
+    )  # k < i or k != i
     same = same & allowed
     if shift:  # key j = k + 1 follows the copy at k
         same = torch.nn.functional.pad(same, (1, 0))[..., :n]
     return same
 
 
-def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = True) -> Tensor:
+def prefix_matching_score(
+    weights: Tensor, tokens: Tensor, *, is_causal: bool = True
+) -> Tensor:
     r"""The mean weight on tokens that *follow* an earlier copy of the current token.
 
     Query ``i`` (token ``t_i``) has the chosen keys :math:`S_i = \{\, k + 1 : t_k = t_i,\ k < i \,\}`
@@ -404,7 +436,9 @@ def prefix_matching_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = 
     return _score(weights, _token_keys(tokens, weights, 1, is_causal))
 
 
-def duplicate_token_score(weights: Tensor, tokens: Tensor, *, is_causal: bool = True) -> Tensor:
+def duplicate_token_score(
+    weights: Tensor, tokens: Tensor, *, is_causal: bool = True
+) -> Tensor:
     r"""The mean weight on earlier copies of the current token.
 
     Query ``i`` has the chosen keys :math:`S_i = \{\, j : t_j = t_i,\ j < i \,\}` (with
@@ -485,8 +519,17 @@ class AttentionOnlyTransformer(nn.Module):
         (torch.Size([2, 3, 2, 8, 8]), torch.Size([2, 3, 2, 8, 16]), 0.0)
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, num_heads: int, num_layers: int = 2,
-                 *, max_len: int = 128, device=None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        num_heads: int,
+        num_layers: int = 2,
+        *,
+        max_len: int = 128,
+        device=None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -495,12 +538,14 @@ class AttentionOnlyTransformer(nn.Module):
         self.max_len = check_int("max_len", max_len, minimum=1)
         if embed_dim % num_heads:
             raise ValueError(
-                f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}")
+                f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}"
+            )
         factory = {"device": device, "dtype": dtype}
         self.embed = nn.Embedding(vocab_size, embed_dim, **factory)
         self.pos_embed = nn.Embedding(max_len, embed_dim, **factory)
         self.layers = nn.ModuleList(
-            MultiHeadAttention(embed_dim, num_heads, bias=False, **factory) for _ in range(num_layers)
+            MultiHeadAttention(embed_dim, num_heads, bias=False, **factory)
+            for _ in range(num_layers)
         )
         self.unembed = nn.Linear(embed_dim, vocab_size, bias=False, **factory)
 
@@ -510,8 +555,10 @@ class AttentionOnlyTransformer(nn.Module):
         return self.embed_dim // self.num_heads
 
     def extra_repr(self) -> str:
-        return (f"vocab_size={self.vocab_size}, embed_dim={self.embed_dim}, "
-                f"num_heads={self.num_heads}, num_layers={self.num_layers}, max_len={self.max_len}")
+        return (
+            f"vocab_size={self.vocab_size}, embed_dim={self.embed_dim}, "
+            f"num_heads={self.num_heads}, num_layers={self.num_layers}, max_len={self.max_len}"
+        )
 
     def _check(self, tokens, ablate, weights_hook):
         _check_integer("tokens", tokens)
@@ -519,22 +566,33 @@ class AttentionOnlyTransformer(nn.Module):
             raise ValueError(f"tokens must be (b, n), got shape {tuple(tokens.shape)}")
         n = tokens.shape[1]
         if not 1 <= n <= self.max_len:
-            raise ValueError(f"tokens must have 1 <= n <= max_len={self.max_len} positions, got {n}")
+            raise ValueError(
+                f"tokens must have 1 <= n <= max_len={self.max_len} positions, got {n}"
+            )
         check_same_device(tokens=tokens, parameters=self.embed.weight)
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise ValueError(f"tokens must lie in [0, {self.vocab_size}), got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+            raise ValueError(
+                f"tokens must lie in [0, {self.vocab_size}), got values in "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
         heads = set()
         for pair in ablate or ():
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise TypeError(f"ablate must hold (layer, head) pairs, got {pair!r}")
-            layer, head = (check_int("ablated layer", pair[0]), check_int("ablated head", pair[1]))
+            layer, head = (
+                check_int("ablated layer", pair[0]),
+                check_int("ablated head", pair[1]),
+            )
             if not (0 <= layer < self.num_layers and 0 <= head < self.num_heads):
-                raise ValueError(f"ablate: (layer, head) must lie in [0, {self.num_layers}) x "
-                                 f"[0, {self.num_heads}), got {pair}")
+                raise ValueError(
+                    f"ablate: (layer, head) must lie in [0, {self.num_layers}) x "
+                    f"[0, {self.num_heads}), got {pair}"
+                )
             heads.add((layer, head))
         if weights_hook is not None and not callable(weights_hook):
-            raise TypeError(f"weights_hook must be callable or None, got {type(weights_hook).__name__}")
+            raise TypeError(
+                f"weights_hook must be callable or None, got {type(weights_hook).__name__}"
+            )
         return heads
 
     def _run(self, tokens, ablate, weights_hook, keep: bool):
@@ -548,7 +606,9 @@ class AttentionOnlyTransformer(nn.Module):
             q = split_heads(layer.w_query(x), h)  # (b, h, n, d)
             k = split_heads(layer.w_key(x), h)  # (b, h, n, d)
             v = split_heads(layer.w_value(x), h)  # (b, h, n, d)
-            weights = masked_softmax((q @ k.transpose(-2, -1)) * d**-0.5, causal)  # (b, h, n, n)
+            weights = masked_softmax(
+                (q @ k.transpose(-2, -1)) * d**-0.5, causal
+            )  # (b, h, n, n)
             if weights_hook is not None:
                 replaced = weights_hook(index, weights)
                 weights = weights if replaced is None else replaced
@@ -556,7 +616,9 @@ class AttentionOnlyTransformer(nn.Module):
             per_head = torch.einsum("bhid,Dhd->bhiD", weights @ v, w_o)  # (b, h, n, D)
             off = [head for (lay, head) in heads if lay == index]
             if off:
-                keep_mask = torch.ones(h, 1, 1, dtype=per_head.dtype, device=per_head.device)
+                keep_mask = torch.ones(
+                    h, 1, 1, dtype=per_head.dtype, device=per_head.device
+                )
                 keep_mask[off] = 0.0
                 per_head = per_head * keep_mask
             x = x + per_head.sum(1)  # (b, n, D)
@@ -567,9 +629,14 @@ class AttentionOnlyTransformer(nn.Module):
         logits = self.unembed(x)  # (b, n, V)
         return logits, residuals, maps, contributions
 
-    def forward(self, tokens: Tensor, *, need_weights: bool = False,
-                ablate: Iterable[tuple[int, int]] | None = None,
-                weights_hook: Callable[[int, Tensor], Tensor | None] | None = None):
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        need_weights: bool = False,
+        ablate: Iterable[tuple[int, int]] | None = None,
+        weights_hook: Callable[[int, Tensor], Tensor | None] | None = None,
+    ):
         """Next-token logits of every position.
 
         Args:
@@ -592,13 +659,20 @@ class AttentionOnlyTransformer(nn.Module):
         empty = logits.new_zeros(0, b, self.num_heads, n, n)
         return logits, (torch.stack(maps) if maps else empty)
 
-    def trace(self, tokens: Tensor, *, ablate: Iterable[tuple[int, int]] | None = None,
-              weights_hook: Callable[[int, Tensor], Tensor | None] | None = None) -> AttentionOnlyTrace:
+    def trace(
+        self,
+        tokens: Tensor,
+        *,
+        ablate: Iterable[tuple[int, int]] | None = None,
+        weights_hook: Callable[[int, Tensor], Tensor | None] | None = None,
+    ) -> AttentionOnlyTrace:
         """Run ``tokens`` and keep every map, every head's contribution and the stream.
 
         Arguments as in :meth:`forward`. Returns an :class:`AttentionOnlyTrace`.
         """
-        logits, residuals, maps, contributions = self._run(tokens, ablate, weights_hook, keep=True)
+        logits, residuals, maps, contributions = self._run(
+            tokens, ablate, weights_hook, keep=True
+        )
         b, n = tokens.shape
         h, dim = self.num_heads, self.embed_dim
         if not maps:
@@ -606,5 +680,9 @@ class AttentionOnlyTransformer(nn.Module):
             contrib_t = logits.new_zeros(0, b, h, n, dim)
         else:
             maps_t, contrib_t = torch.stack(maps), torch.stack(contributions)
-        return AttentionOnlyTrace(logits=logits, weights=maps_t, contributions=contrib_t,
-                                  residuals=torch.stack(residuals))
+        return AttentionOnlyTrace(
+            logits=logits,
+            weights=maps_t,
+            contributions=contrib_t,
+            residuals=torch.stack(residuals),
+        )

@@ -1,4 +1,4 @@
-r"""Attention weights beyond softmax (chapter 19).
+r"""Attention weights beyond softmax (chapter 20).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size, ``e``
@@ -60,11 +60,11 @@ class _Sparsemax(torch.autograd.Function):
         ordered, _ = torch.sort(z, dim=-1, descending=True)
         k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
         cumulative = ordered.cumsum(-1)
-        in_support = 1 + k * ordered > cumulative                # a prefix of the sorted row
-        support = in_support.sum(-1, keepdim=True)               # |S|
+        in_support = 1 + k * ordered > cumulative  # a prefix of the sorted row
+        support = in_support.sum(-1, keepdim=True)  # |S|
         tau = (cumulative.gather(-1, (support - 1).clamp(min=0)) - 1) / support
         p = torch.clamp(z - tau, min=0)
-        nan_rows = torch.isnan(z).any(-1, keepdim=True)          # NaN propagates, as in softmax
+        nan_rows = torch.isnan(z).any(-1, keepdim=True)  # NaN propagates, as in softmax
         p = torch.where(nan_rows, torch.full_like(p, math.nan), p).transpose(dim, -1)
         ctx.save_for_backward(p)
         ctx.dim = dim
@@ -73,9 +73,9 @@ class _Sparsemax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        s = (p > 0).to(grad.dtype)                               # support indicator
+        s = (p > 0).to(grad.dtype)  # support indicator
         mean = (grad * s).sum(ctx.dim, keepdim=True) / s.sum(ctx.dim, keepdim=True)
-        return s * (grad - mean), None                           # (diag(s) - s sᵀ/|S|) g
+        return s * (grad - mean), None  # (diag(s) - s sᵀ/|S|) g
 
 
 def _check_normalised_input(x, dim) -> int:
@@ -117,16 +117,18 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
 class _Entmax15(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, iterations):
-        z = x.transpose(dim, -1) / 2                              # (alpha - 1) z, alpha = 1.5
+        z = x.transpose(dim, -1) / 2  # (alpha - 1) z, alpha = 1.5
         top = z.amax(-1, keepdim=True)
-        low, high = top - 1, top                                  # sum p(low) >= 1 >= sum p(high)
-        for _ in range(iterations):                               # bisection on the threshold
+        low, high = top - 1, top  # sum p(low) >= 1 >= sum p(high)
+        for _ in range(iterations):  # bisection on the threshold
             tau = (low + high) / 2
             too_much = torch.clamp(z - tau, min=0).square().sum(-1, keepdim=True) >= 1
             low = torch.where(too_much, tau, low)
             high = torch.where(too_much, high, tau)
         p = torch.clamp(z - (low + high) / 2, min=0).square()
-        p = (p / p.sum(-1, keepdim=True)).transpose(dim, -1)      # remove the last bisection slack
+        p = (p / p.sum(-1, keepdim=True)).transpose(
+            dim, -1
+        )  # remove the last bisection slack
         ctx.save_for_backward(p)
         ctx.dim = dim
         return p
@@ -134,9 +136,9 @@ class _Entmax15(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        g = p.sqrt()                                              # p^(2 - alpha)
+        g = p.sqrt()  # p^(2 - alpha)
         shift = (g * grad).sum(ctx.dim, keepdim=True) / g.sum(ctx.dim, keepdim=True)
-        return g * (grad - shift), None, None                     # (diag(g) - g gᵀ/Σg) grad
+        return g * (grad - shift), None, None  # (diag(g) - g gᵀ/Σg) grad
 
 
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
@@ -169,21 +171,25 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     """
     dim = _check_normalised_input(x, dim)
     if torch.isinf(x).any():
-        raise ValueError("entmax15 needs finite inputs (its bisection starts from the row's "
-                         "maximum): give a masked entry a large negative number, not -inf")
-    iterations = round(-math.log2(torch.finfo(x.dtype).eps)) + 4   # one bit per step
+        raise ValueError(
+            "entmax15 needs finite inputs (its bisection starts from the row's "
+            "maximum): give a masked entry a large negative number, not -inf"
+        )
+    iterations = round(-math.log2(torch.finfo(x.dtype).eps)) + 4  # one bit per step
     return _Entmax15.apply(x, dim, iterations)
 
 
 # ------------------------------------------------------------------ sigmoid attention
-def _sigmoid_weights(query, key, attn_mask, is_causal, scale, bias, enable_gqa) -> Tensor:
+def _sigmoid_weights(
+    query, key, attn_mask, is_causal, scale, bias, enable_gqa
+) -> Tensor:
     if enable_gqa:
-        key = expand_kv_heads(key, query.shape[-3])               # (..., h, j, d)
+        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
     scores = (query @ key.transpose(-2, -1)) * default_scale(scale, query.shape[-1])
     i, j = scores.shape[-2:]
     if bias is None:
         bias = -math.log(j) if j > 0 else 0.0
-    scores = scores + bias                                        # (..., h, i, j)
+    scores = scores + bias  # (..., h, i, j)
     if is_causal:
         attn_mask = top_left_causal(i, j, device=query.device)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
@@ -191,7 +197,7 @@ def _sigmoid_weights(query, key, attn_mask, is_causal, scale, bias, enable_gqa) 
         attn_mask = None
     weights = torch.sigmoid(scores)
     if attn_mask is not None:
-        weights = weights.masked_fill(~attn_mask, 0.0)            # exact zeros, even for NaN
+        weights = weights.masked_fill(~attn_mask, 0.0)  # exact zeros, even for NaN
     return weights
 
 
@@ -242,10 +248,12 @@ def sigmoid_attention(
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if bias is not None:
         bias = check_real("bias", bias)
-    weights = _sigmoid_weights(query, key, attn_mask, is_causal, scale, bias, enable_gqa)
+    weights = _sigmoid_weights(
+        query, key, attn_mask, is_causal, scale, bias, enable_gqa
+    )
     if enable_gqa:
-        value = expand_kv_heads(value, query.shape[-3])           # (..., h, j, e)
-    return weights @ value                                        # (..., h, i, e)
+        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
+    return weights @ value  # (..., h, i, e)
 
 
 # ------------------------------------------------------------------ differential attention
@@ -269,9 +277,15 @@ def _check_lambda(lam, query: Tensor) -> Tensor | float:
         check_tensor("lam", lam, floating=True)
         h = query.shape[-3]
         if lam.dim() > 1 or (lam.dim() == 1 and lam.shape[0] not in (1, h)):
-            raise ValueError(f"lam must be a number, a 0-d tensor or one value per head, shape "
-                             f"({h},), got {tuple(lam.shape)}")
-        return lam.to(query.dtype)[..., None, None] if lam.dim() == 1 else lam.to(query.dtype)
+            raise ValueError(
+                f"lam must be a number, a 0-d tensor or one value per head, shape "
+                f"({h},), got {tuple(lam.shape)}"
+            )
+        return (
+            lam.to(query.dtype)[..., None, None]
+            if lam.dim() == 1
+            else lam.to(query.dtype)
+        )
     return check_real("lam", lam)
 
 
@@ -282,7 +296,7 @@ def _differential_weights(query1, query2, key1, key2, lam, attn_mask, is_causal,
     s = default_scale(scale, query1.shape[-1])
     first = masked_softmax((query1 @ key1.transpose(-2, -1)) * s, attn_mask)
     second = masked_softmax((query2 @ key2.transpose(-2, -1)) * s, attn_mask)
-    return first - lam * second                                   # (..., h, i, j)
+    return first - lam * second  # (..., h, i, j)
 
 
 def differential_attention(
@@ -331,11 +345,15 @@ def differential_attention(
     validate_weights(query2, key2, attn_mask, is_causal, scale, False)
     for name, a, b in (("query2", query2, query1), ("key2", key2, key1)):
         if a.shape != b.shape:
-            raise ValueError(f"{name} must have the shape of {name[:-1]}1, "
-                             f"{tuple(b.shape)}, got {tuple(a.shape)}")
+            raise ValueError(
+                f"{name} must have the shape of {name[:-1]}1, "
+                f"{tuple(b.shape)}, got {tuple(a.shape)}"
+            )
     lam = _check_lambda(lam, query1)
-    weights = _differential_weights(query1, query2, key1, key2, lam, attn_mask, is_causal, scale)
-    return weights @ value                                        # (..., h, i, e)
+    weights = _differential_weights(
+        query1, query2, key1, key2, lam, attn_mask, is_causal, scale
+    )
+    return weights @ value  # (..., h, i, e)
 
 
 class DifferentialAttention(nn.Module):
@@ -370,47 +388,67 @@ class DifferentialAttention(nn.Module):
         (torch.Size([1, 5, 16]), torch.Size([1, 2, 5, 5]))
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, *, layer_index: int = 1,
-                 bias: bool = False) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        layer_index: int = 1,
+        bias: bool = False,
+    ) -> None:
         super().__init__()
         check_size("embed_dim", embed_dim)
         check_size("num_heads", num_heads)
         check_bool("bias", bias)
         if embed_dim % (2 * num_heads):
-            raise ValueError("embed_dim must be a multiple of 2 * num_heads (two query/key "
-                             f"pairs per head), got {embed_dim} and {num_heads}")
+            raise ValueError(
+                "embed_dim must be a multiple of 2 * num_heads (two query/key "
+                f"pairs per head), got {embed_dim} and {num_heads}"
+            )
         self.num_heads, self.head_dim = num_heads, embed_dim // (2 * num_heads)
         self.lambda_init = differential_lambda_init(layer_index)
-        self.w_query = nn.Linear(embed_dim, embed_dim, bias=bias)   # 2 h d = embed_dim
+        self.w_query = nn.Linear(embed_dim, embed_dim, bias=bias)  # 2 h d = embed_dim
         self.w_key = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.w_value = nn.Linear(embed_dim, embed_dim, bias=bias)   # h · 2d
+        self.w_value = nn.Linear(embed_dim, embed_dim, bias=bias)  # h · 2d
         self.w_out = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
-            nn.Parameter(torch.randn(self.head_dim) * 0.1) for _ in range(4))
+            nn.Parameter(torch.randn(self.head_dim) * 0.1) for _ in range(4)
+        )
 
     def lam(self) -> Tensor:
         """The current :math:`\\lambda` (a 0-d tensor)."""
-        return (torch.exp(self.lambda_q1 @ self.lambda_k1) - torch.exp(self.lambda_q2 @ self.lambda_k2)
-                + self.lambda_init)
+        return (
+            torch.exp(self.lambda_q1 @ self.lambda_k1)
+            - torch.exp(self.lambda_q2 @ self.lambda_k2)
+            + self.lambda_init
+        )
 
-    def forward(self, x: Tensor, *, attn_mask: Tensor | None = None,
-                is_causal: bool = False) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False
+    ) -> tuple[Tensor, Tensor]:
         check_tensor("x", x, floating=True)
         if x.dim() != 3 or x.shape[-1] != self.w_query.in_features:
-            raise ValueError(f"x must have shape (b, n, {self.w_query.in_features}), got "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (b, n, {self.w_query.in_features}), got "
+                f"{tuple(x.shape)}"
+            )
         b, n, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        q = self.w_query(x).view(b, n, h, 2, d).permute(3, 0, 2, 1, 4)   # (2, b, h, n, d)
-        k = self.w_key(x).view(b, n, h, 2, d).permute(3, 0, 2, 1, 4)     # (2, b, h, n, d)
-        v = self.w_value(x).view(b, n, h, 2 * d).transpose(1, 2)         # (b, h, n, 2d)
+        q = (
+            self.w_query(x).view(b, n, h, 2, d).permute(3, 0, 2, 1, 4)
+        )  # (2, b, h, n, d)
+        k = self.w_key(x).view(b, n, h, 2, d).permute(3, 0, 2, 1, 4)  # (2, b, h, n, d)
+        v = self.w_value(x).view(b, n, h, 2 * d).transpose(1, 2)  # (b, h, n, 2d)
         validate_attention(q[0], k[0], v, attn_mask, is_causal, None, False)
-        weights = _differential_weights(q[0], q[1], k[0], k[1], self.lam(), attn_mask,
-                                        is_causal, None)                 # (b, h, n, n)
-        heads = weights @ v                                              # (b, h, n, 2d)
+        weights = _differential_weights(
+            q[0], q[1], k[0], k[1], self.lam(), attn_mask, is_causal, None
+        )  # (b, h, n, n)
+        heads = weights @ v  # (b, h, n, 2d)
         heads = heads * torch.rsqrt(heads.square().mean(-1, keepdim=True) + 1e-6)
         heads = (1 - self.lambda_init) * heads
-        out = self.w_out(heads.transpose(1, 2).reshape(b, n, 2 * h * d))  # (b, n, embed_dim)
+        out = self.w_out(
+            heads.transpose(1, 2).reshape(b, n, 2 * h * d)
+        )  # (b, n, embed_dim)
         return out, weights
 
 
@@ -465,8 +503,14 @@ class RefinedSelfAttention(nn.Module):
         (torch.Size([2, 6, 8]), True)
     """
 
-    def __init__(self, embed_dim: int, max_len: int, *, mechanism: str = "simple",
-                 refine_dim: int = 16) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        max_len: int,
+        *,
+        mechanism: str = "simple",
+        refine_dim: int = 16,
+    ) -> None:
         super().__init__()
         check_size("embed_dim", embed_dim)
         check_size("max_len", max_len)
@@ -483,28 +527,39 @@ class RefinedSelfAttention(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         check_tensor("x", x, floating=True)
         if x.dim() != 3 or x.shape[-1] != self.w_query.in_features:
-            raise ValueError(f"x must have shape (b, n, {self.w_query.in_features}), got "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (b, n, {self.w_query.in_features}), got "
+                f"{tuple(x.shape)}"
+            )
         n = x.shape[1]
         if not 1 <= n <= self.max_len:
-            raise ValueError(f"the sequence length n must be between 1 and max_len = "
-                             f"{self.max_len}, got {n}")
+            raise ValueError(
+                f"the sequence length n must be between 1 and max_len = "
+                f"{self.max_len}, got {n}"
+            )
         causal = top_left_causal(n, n, device=x.device)
-        q, k, v = self.w_query(x), self.w_key(x), self.w_value(x)      # (b, n, d)
+        q, k, v = self.w_query(x), self.w_key(x), self.w_value(x)  # (b, n, d)
         a = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), causal)
         if self.mechanism == "none":
             return a @ v, a
-        rows = a @ v if self.mechanism == "value" else nn.functional.pad(a, (0, self.max_len - n))
-        first, second = self.refine_1(rows), self.refine_2(rows)       # (b, n, r)
+        rows = (
+            a @ v
+            if self.mechanism == "value"
+            else nn.functional.pad(a, (0, self.max_len - n))
+        )
+        first, second = self.refine_1(rows), self.refine_2(rows)  # (b, n, r)
         if self.mechanism == "stochastic":
             spread = nn.functional.elu(second) + 1
-            distance = (torch.cdist(first, first).square()
-                        + torch.cdist(spread, spread).square())      # W2² of diagonal Gaussians
+            distance = (
+                torch.cdist(first, first).square()
+                + torch.cdist(spread, spread).square()
+            )  # W2² of diagonal Gaussians
             r = masked_softmax(-distance, causal)
         else:
-            r = masked_softmax(first @ second.transpose(-2, -1) / math.sqrt(first.shape[-1]),
-                               causal)
-        refined = r @ a                                               # (b, n, n)
+            r = masked_softmax(
+                first @ second.transpose(-2, -1) / math.sqrt(first.shape[-1]), causal
+            )
+        refined = r @ a  # (b, n, n)
         if self.mechanism == "additive":
             refined = (a + refined) / 2
         return refined @ v, refined
