@@ -36,6 +36,7 @@ DOCUMENTED_API = {
     "LocalAlignment": "the module form of local_alignment (chapter 09), with learned w_p and v_p",
     # until chapter 12's sections on them call them
     "kimi_delta_attention": "the per-channel decay after gated DeltaNet, equal to fla's KDA",
+    "GatedDeltaNet": "Qwen3-Next's linear-attention layer, equal to transformers' own",
 }
 
 

@@ -34,6 +34,7 @@ from .additive import *  # noqa: F403  chapter 09
 from .feature_maps import *  # noqa: F403  chapter 10
 from .linear import *  # noqa: F403  chapter 10
 from .delta_rule import *  # noqa: F403  chapter 11
+from .gated_deltanet import *  # noqa: F403  chapter 12
 from .neural_memory import *  # noqa: F403  chapter 11
 from .mqar import *  # noqa: F403  chapter 11
 from .patterns import *  # noqa: F403  chapter 12
