@@ -21,7 +21,9 @@ from attention import (
 F64 = torch.float64
 
 
-def inputs(n=11, d=4, e=3, batch=(2, 3), seed=0, normalize=True, grad=False, decay=True):
+def inputs(
+    n=11, d=4, e=3, batch=(2, 3), seed=0, normalize=True, grad=False, decay=True
+):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(*batch, n, d, generator=g, dtype=F64)
     k = torch.randn(*batch, n, d, generator=g, dtype=F64)
@@ -43,7 +45,9 @@ def fla_reference(q, k, v, beta, g, scale, s0):
     Written here in the product form S <- alpha (I - beta k k^T) S + beta k v^T, which is the
     same step rearranged, so the test does not repeat the package's arithmetic.
     """
-    q, k, v = (x.transpose(-3, -2) for x in (q, k, v))  # (..., n, h, *) as fla lays them out
+    q, k, v = (
+        x.transpose(-3, -2) for x in (q, k, v)
+    )  # (..., n, h, *) as fla lays them out
     beta = beta.transpose(-2, -1)
     g = torch.zeros_like(beta) if g is None else g.transpose(-2, -1)
     d = q.shape[-1]
@@ -54,7 +58,9 @@ def fla_reference(q, k, v, beta, g, scale, s0):
         kt, vt, bt = k[..., t, :, :], v[..., t, :, :], beta[..., t, :, None, None]
         at = g[..., t, :, None, None].exp()
         outer = kt.unsqueeze(-1) * kt.unsqueeze(-2)  # (..., h, d, d)
-        state = at * (eye - bt * outer) @ state + bt * kt.unsqueeze(-1) * vt.unsqueeze(-2)
+        state = at * (eye - bt * outer) @ state + bt * kt.unsqueeze(-1) * vt.unsqueeze(
+            -2
+        )
         outs.append(torch.einsum("...hd,...hde->...he", q[..., t, :, :] * scale, state))
     return torch.stack(outs, dim=-3).transpose(-3, -2), state
 
@@ -63,10 +69,12 @@ def fla_reference(q, k, v, beta, g, scale, s0):
 @pytest.mark.parametrize("chunk_size", [None, 1, 3, 4, 11, 16])
 def test_both_forms_equal_the_fla_reference_with_state(gated, chunk_size):
     q, k, v, beta, g, s0 = inputs(decay=gated)
-    ref, ref_state = fla_reference(q, k, v, beta, g, 4 ** -0.5, s0)
+    ref, ref_state = fla_reference(q, k, v, beta, g, 4**-0.5, s0)
     args = (q, k, v, beta, g) if gated else (q, k, v, beta)
     fn = gated_delta_rule_attention if gated else delta_rule_attention
-    out, state = fn(*args, initial_state=s0, output_final_state=True, chunk_size=chunk_size)
+    out, state = fn(
+        *args, initial_state=s0, output_final_state=True, chunk_size=chunk_size
+    )
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-12)
 
@@ -75,36 +83,65 @@ def test_default_scale_is_inverse_sqrt_d_and_scale_multiplies_the_query():
     q, k, v, beta, g, _ = inputs(d=9)
     ref, _ = fla_reference(q, k, v, beta, g, 1 / 3, torch.zeros(2, 3, 9, 3, dtype=F64))
     torch.testing.assert_close(gated_delta_rule_attention(q, k, v, beta, g), ref)
-    torch.testing.assert_close(gated_delta_rule_attention(q, k, v, beta, g, scale=0.7),
-                               gated_delta_rule_attention(0.7 * 3 * q, k, v, beta, g))
+    torch.testing.assert_close(
+        gated_delta_rule_attention(q, k, v, beta, g, scale=0.7),
+        gated_delta_rule_attention(0.7 * 3 * q, k, v, beta, g),
+    )
 
 
 def test_keys_are_not_normalised_inside():
     q, k, v, beta, g, s0 = inputs(normalize=False)
     ref, _ = fla_reference(q, k, v, beta * 0.1, g, 0.5, s0)
-    out = gated_delta_rule_attention(q, k, v, beta * 0.1, g, initial_state=s0, chunk_size=5)
+    out = gated_delta_rule_attention(
+        q, k, v, beta * 0.1, g, initial_state=s0, chunk_size=5
+    )
     torch.testing.assert_close(out, ref)
 
 
 def test_gated_with_zero_log_decay_is_the_delta_rule():
     q, k, v, beta, g, s0 = inputs()
     torch.testing.assert_close(
-        gated_delta_rule_attention(q, k, v, beta, torch.zeros_like(g), initial_state=s0),
-        delta_rule_attention(q, k, v, beta, initial_state=s0))
+        gated_delta_rule_attention(
+            q, k, v, beta, torch.zeros_like(g), initial_state=s0
+        ),
+        delta_rule_attention(q, k, v, beta, initial_state=s0),
+    )
 
 
 @pytest.mark.parametrize("chunk_size", [None, 4])
 def test_splitting_the_sequence_and_passing_the_state_gives_the_whole(chunk_size):
     q, k, v, beta, g, s0 = inputs(n=13)
-    whole, final = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
-                                              output_final_state=True, chunk_size=chunk_size)
+    whole, final = gated_delta_rule_attention(
+        q,
+        k,
+        v,
+        beta,
+        g,
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     cut = 6
-    first, mid = gated_delta_rule_attention(q[..., :cut, :], k[..., :cut, :], v[..., :cut, :],
-                                            beta[..., :cut], g[..., :cut], initial_state=s0,
-                                            output_final_state=True, chunk_size=chunk_size)
-    second, end = gated_delta_rule_attention(q[..., cut:, :], k[..., cut:, :], v[..., cut:, :],
-                                             beta[..., cut:], g[..., cut:], initial_state=mid,
-                                             output_final_state=True, chunk_size=chunk_size)
+    first, mid = gated_delta_rule_attention(
+        q[..., :cut, :],
+        k[..., :cut, :],
+        v[..., :cut, :],
+        beta[..., :cut],
+        g[..., :cut],
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
+    second, end = gated_delta_rule_attention(
+        q[..., cut:, :],
+        k[..., cut:, :],
+        v[..., cut:, :],
+        beta[..., cut:],
+        g[..., cut:],
+        initial_state=mid,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     torch.testing.assert_close(torch.cat([first, second], dim=-2), whole)
     torch.testing.assert_close(end, final)
 
@@ -112,16 +149,25 @@ def test_splitting_the_sequence_and_passing_the_state_gives_the_whole(chunk_size
 def test_orthonormal_keys_with_beta_one_store_and_overwrite_exactly():
     keys = torch.eye(4, dtype=F64)[[0, 1, 2, 0]]  # key 0 written twice
     values = torch.arange(12, dtype=F64).reshape(4, 3)
-    _, state = delta_rule_attention(keys, keys, values, torch.ones(4, dtype=F64),
-                                    output_final_state=True)
+    _, state = delta_rule_attention(
+        keys, keys, values, torch.ones(4, dtype=F64), output_final_state=True
+    )
     # the delta rule replaces the first value under key 0; a Hebbian sum would add them
     torch.testing.assert_close(state[:3], values[[3, 1, 2]])
 
 
 def test_beta_zero_leaves_the_state_and_only_decays_it():
     q, k, v, _, g, s0 = inputs()
-    out, state = gated_delta_rule_attention(q, k, v, torch.zeros_like(g), g, initial_state=s0,
-                                            output_final_state=True, chunk_size=3)
+    out, state = gated_delta_rule_attention(
+        q,
+        k,
+        v,
+        torch.zeros_like(g),
+        g,
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=3,
+    )
     torch.testing.assert_close(state, s0 * g.sum(-1).exp()[..., None, None])
 
 
@@ -133,8 +179,16 @@ def test_gradients_match_finite_differences(chunk_size):
     g_in = (g.detach() - 0.05).requires_grad_()
 
     def fn(q, k, v, beta, g, s0):
-        out, state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
-                                                output_final_state=True, chunk_size=chunk_size)
+        out, state = gated_delta_rule_attention(
+            q,
+            k,
+            v,
+            beta,
+            g,
+            initial_state=s0,
+            output_final_state=True,
+            chunk_size=chunk_size,
+        )
         return out, state
 
     assert torch.autograd.gradcheck(fn, (q, k, v, beta_in, g_in, s0))
@@ -145,7 +199,9 @@ def test_chunkwise_gradients_equal_recurrent_gradients():
     w = torch.randn(2, 3, 9, 3, generator=torch.Generator().manual_seed(5), dtype=F64)
     grads = []
     for chunk in (None, 4):
-        out = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0, chunk_size=chunk)
+        out = gated_delta_rule_attention(
+            q, k, v, beta, g, initial_state=s0, chunk_size=chunk
+        )
         grads.append(torch.autograd.grad((out * w).sum(), (q, k, v, beta, g, s0)))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
@@ -155,11 +211,17 @@ def test_float32_and_empty_sequence():
     q, k, v, beta, g, _ = (t.float() if t is not None else None for t in inputs())
     out = gated_delta_rule_attention(q, k, v, beta, g, chunk_size=4)
     assert out.dtype == torch.float32 and out.shape == (2, 3, 11, 3)
-    exact = gated_delta_rule_attention(q.double(), k.double(), v.double(), beta.double(),
-                                       g.double())
+    exact = gated_delta_rule_attention(
+        q.double(), k.double(), v.double(), beta.double(), g.double()
+    )
     torch.testing.assert_close(out.double(), exact, rtol=0, atol=1e-5)
-    empty, state = delta_rule_attention(q[..., :0, :], k[..., :0, :], v[..., :0, :],
-                                        beta[..., :0], output_final_state=True)
+    empty, state = delta_rule_attention(
+        q[..., :0, :],
+        k[..., :0, :],
+        v[..., :0, :],
+        beta[..., :0],
+        output_final_state=True,
+    )
     assert empty.shape == (2, 3, 0, 3) and not state.any()
 
 
@@ -218,14 +280,20 @@ def test_dtype_and_type_errors():
 
 
 @settings(max_examples=25)
-@given(n=st.integers(0, 12), chunk=st.integers(1, 9), d=st.integers(1, 4),
-       seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(0, 12),
+    chunk=st.integers(1, 9),
+    d=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
 def test_property_chunkwise_equals_recurrent(n, chunk, d, seed):
     q, k, v, beta, g, s0 = inputs(n=n, d=d, e=2, batch=(2,), seed=seed)
-    ref, ref_state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
-                                                output_final_state=True)
-    out, state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
-                                            output_final_state=True, chunk_size=chunk)
+    ref, ref_state = gated_delta_rule_attention(
+        q, k, v, beta, g, initial_state=s0, output_final_state=True
+    )
+    out, state = gated_delta_rule_attention(
+        q, k, v, beta, g, initial_state=s0, output_final_state=True, chunk_size=chunk
+    )
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(state, ref_state)
 
@@ -234,17 +302,22 @@ def test_a_decay_of_zero_forgets_everything_before_it_in_both_forms():
     q, k, v, beta, g, s0 = inputs(n=10)
     g = g.clone()
     g[..., 4] = -math.inf  # alpha = 0 at position 4
-    ref, ref_state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
-                                                output_final_state=True)
-    out, state = gated_delta_rule_attention(q, k, v, beta, g, initial_state=s0,
-                                            output_final_state=True, chunk_size=8)
+    ref, ref_state = gated_delta_rule_attention(
+        q, k, v, beta, g, initial_state=s0, output_final_state=True
+    )
+    out, state = gated_delta_rule_attention(
+        q, k, v, beta, g, initial_state=s0, output_final_state=True, chunk_size=8
+    )
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(state, ref_state)
     g_after = g[..., 4:].clone()
     g_after[..., 0] = 0.0  # from a zero state, forgetting it changes nothing
-    after = gated_delta_rule_attention(q[..., 4:, :], k[..., 4:, :], v[..., 4:, :],
-                                       beta[..., 4:], g_after)
-    torch.testing.assert_close(ref[..., 4:, :], after)  # nothing before position 4 survives
+    after = gated_delta_rule_attention(
+        q[..., 4:, :], k[..., 4:, :], v[..., 4:, :], beta[..., 4:], g_after
+    )
+    torch.testing.assert_close(
+        ref[..., 4:, :], after
+    )  # nothing before position 4 survives
 
 
 # ---------------------------------------------------------------- Kimi Delta Attention
@@ -279,7 +352,8 @@ def naive_kda(q, k, v, g, beta, scale, s0):
         forget = torch.diag_embed(g[..., t, :].exp())  # (..., h_v, d, d)
         outer = kt.unsqueeze(-1) * kt.unsqueeze(-2)  # (..., h_v, d, d)
         state = (eye - bt * outer) @ forget @ state + bt * kt.unsqueeze(-1) * v[
-            ..., t, None, :]
+            ..., t, None, :
+        ]
         read = state.transpose(-2, -1) @ (scale * q[..., t, :, None])  # (.., h_v, e, 1)
         outs.append(read.squeeze(-1))
     return torch.stack(outs, dim=-2), state
@@ -290,8 +364,16 @@ def naive_kda(q, k, v, g, beta, scale, s0):
 def test_kda_both_forms_equal_a_naive_loop(group, chunk_size):
     q, k, v, g, beta, s0 = kda_inputs(group=group)
     ref, ref_state = naive_kda(q, k, v, g, beta, 0.5, s0)
-    out, state = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                      output_final_state=True, chunk_size=chunk_size)
+    out, state = kimi_delta_attention(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-12)
     assert out.shape == (2, 2 * group, 11, 3) and state.shape == (2, 2 * group, 4, 3)
@@ -304,13 +386,16 @@ def test_kda_with_one_decay_per_head_is_the_gated_delta_rule():
     q2, k2 = q.repeat_interleave(2, dim=1), k.repeat_interleave(2, dim=1)
     for chunk in (None, 4):
         torch.testing.assert_close(
-            kimi_delta_attention(q, k, v, same, beta, initial_state=s0,
-                                 chunk_size=chunk),
-            gated_delta_rule_attention(q2, k2, v, beta, per_head, initial_state=s0))
+            kimi_delta_attention(
+                q, k, v, same, beta, initial_state=s0, chunk_size=chunk
+            ),
+            gated_delta_rule_attention(q2, k2, v, beta, per_head, initial_state=s0),
+        )
     # and with g = 0 it is the delta rule
     torch.testing.assert_close(
         kimi_delta_attention(q, k, v, torch.zeros_like(g), beta, chunk_size=5),
-        delta_rule_attention(q2, k2, v, beta))
+        delta_rule_attention(q2, k2, v, beta),
+    )
 
 
 def test_kda_decay_is_per_channel():
@@ -318,9 +403,16 @@ def test_kda_decay_is_per_channel():
     q, k, v, g, beta, s0 = kda_inputs(group=1)
     g = torch.zeros_like(g)
     g[..., 1] = -math.inf  # channel 1 forgets everything at every step
-    _, state = kimi_delta_attention(q, k, v, g, torch.zeros_like(beta),
-                                    initial_state=s0, output_final_state=True,
-                                    chunk_size=4)
+    _, state = kimi_delta_attention(
+        q,
+        k,
+        v,
+        g,
+        torch.zeros_like(beta),
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=4,
+    )
     torch.testing.assert_close(state[..., 0, :], s0[..., 0, :])
     assert not state[..., 1, :].any()
 
@@ -328,30 +420,55 @@ def test_kda_decay_is_per_channel():
 @pytest.mark.parametrize("chunk_size", [None, 4])
 def test_kda_splitting_the_sequence_and_passing_the_state_gives_the_whole(chunk_size):
     q, k, v, g, beta, s0 = kda_inputs(n=13)
-    whole, final = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                        output_final_state=True, chunk_size=chunk_size)
+    whole, final = kimi_delta_attention(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     cut = 6
     first, mid = kimi_delta_attention(
-        *(t[..., :cut, :] for t in (q, k, v, g)), beta[..., :cut], initial_state=s0,
-        output_final_state=True, chunk_size=chunk_size)
+        *(t[..., :cut, :] for t in (q, k, v, g)),
+        beta[..., :cut],
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     second, end = kimi_delta_attention(
-        *(t[..., cut:, :] for t in (q, k, v, g)), beta[..., cut:], initial_state=mid,
-        output_final_state=True, chunk_size=chunk_size)
+        *(t[..., cut:, :] for t in (q, k, v, g)),
+        beta[..., cut:],
+        initial_state=mid,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     torch.testing.assert_close(torch.cat([first, second], dim=-2), whole)
     torch.testing.assert_close(end, final)
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3])
 def test_kda_gradients_match_finite_differences(chunk_size):
-    q, k, v, g, beta, s0 = kda_inputs(n=5, d=3, e=2, h=1, group=2, batch=(1,),
-                                      grad=True)
+    q, k, v, g, beta, s0 = kda_inputs(
+        n=5, d=3, e=2, h=1, group=2, batch=(1,), grad=True
+    )
     # beta inside (0, 1) and g < 0, so that finite differences stay in the valid range
     beta_in = (0.1 + 0.8 * beta.detach()).requires_grad_()
     g_in = (g.detach() - 0.05).requires_grad_()
 
     def fn(q, k, v, g, beta, s0):
-        return kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                    output_final_state=True, chunk_size=chunk_size)
+        return kimi_delta_attention(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=s0,
+            output_final_state=True,
+            chunk_size=chunk_size,
+        )
 
     assert torch.autograd.gradcheck(fn, (q, k, v, g_in, beta_in, s0))
 
@@ -361,8 +478,7 @@ def test_kda_chunkwise_gradients_equal_recurrent_gradients():
     w = torch.randn(2, 4, 9, 3, generator=torch.Generator().manual_seed(5), dtype=F64)
     grads = []
     for chunk in (None, 4):
-        out = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                   chunk_size=chunk)
+        out = kimi_delta_attention(q, k, v, g, beta, initial_state=s0, chunk_size=chunk)
         grads.append(torch.autograd.grad((out * w).sum(), (q, k, v, g, beta, s0)))
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
@@ -373,8 +489,9 @@ def test_kda_float32_is_close_to_float64(chunk_size):
     args = kda_inputs(dtype=torch.float32)
     out = kimi_delta_attention(*args[:5], initial_state=args[5], chunk_size=chunk_size)
     assert out.dtype == torch.float32
-    exact = kimi_delta_attention(*(t.double() for t in args[:5]),
-                                 initial_state=args[5].double())
+    exact = kimi_delta_attention(
+        *(t.double() for t in args[:5]), initial_state=args[5].double()
+    )
     torch.testing.assert_close(out.double(), exact, rtol=0, atol=1e-5)
 
 
@@ -384,8 +501,11 @@ def test_kda_strong_decays_do_not_overflow_the_chunkwise_form():
     q, k, v, g, beta, s0 = kda_inputs(n=20)
     g = 30 * g  # in [-60, 0]
     exact = kimi_delta_attention(q, k, v, g, beta, initial_state=s0)
-    out = kimi_delta_attention(*(t.float() for t in (q, k, v, g, beta)),
-                               initial_state=s0.float(), chunk_size=16)
+    out = kimi_delta_attention(
+        *(t.float() for t in (q, k, v, g, beta)),
+        initial_state=s0.float(),
+        chunk_size=16,
+    )
     assert out.isfinite().all()
     torch.testing.assert_close(out.double(), exact, rtol=0, atol=1e-5)
 
@@ -395,25 +515,34 @@ def test_kda_a_decay_of_zero_forgets_everything_before_it(chunk_size):
     q, k, v, g, beta, s0 = kda_inputs(n=10)
     g = g.clone()
     g[..., 4, :] = -math.inf  # alpha = 0 in every channel at position 4
-    out = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                               chunk_size=chunk_size)
+    out = kimi_delta_attention(
+        q, k, v, g, beta, initial_state=s0, chunk_size=chunk_size
+    )
     assert out.isfinite().all()
     g_after = g[..., 4:, :].clone()
     g_after[..., 0, :] = 0.0  # from a zero state, forgetting it changes nothing
-    after = kimi_delta_attention(q[..., 4:, :], k[..., 4:, :], v[..., 4:, :], g_after,
-                                 beta[..., 4:])
+    after = kimi_delta_attention(
+        q[..., 4:, :], k[..., 4:, :], v[..., 4:, :], g_after, beta[..., 4:]
+    )
     torch.testing.assert_close(out[..., 4:, :], after)
 
 
 @settings(max_examples=25)
-@given(n=st.integers(0, 12), chunk=st.integers(1, 9), d=st.integers(1, 4),
-       group=st.integers(1, 3), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(0, 12),
+    chunk=st.integers(1, 9),
+    d=st.integers(1, 4),
+    group=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_property_kda_chunkwise_equals_recurrent(n, chunk, d, group, seed):
     q, k, v, g, beta, s0 = kda_inputs(n=n, d=d, e=2, h=1, group=group, seed=seed)
-    ref, ref_state = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                          output_final_state=True)
-    out, state = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                      output_final_state=True, chunk_size=chunk)
+    ref, ref_state = kimi_delta_attention(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True
+    )
+    out, state = kimi_delta_attention(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, chunk_size=chunk
+    )
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(state, ref_state)
 
@@ -449,17 +578,30 @@ def fla_kda(monkeypatch):
 def test_kda_equals_fla_naive_recurrent_kda_in_float64(fla_kda, n, chunk_size):
     q, k, v, g, beta, s0 = kda_inputs(n=n, d=4, e=3, h=2, group=2)
     ref, ref_state = fla_kda.naive_recurrent_kda(
-        *_fla_layout(q, k, v, g, beta), initial_state=s0, output_final_state=True)
+        *_fla_layout(q, k, v, g, beta), initial_state=s0, output_final_state=True
+    )
     assert ref.dtype == ref_state.dtype == F64
-    out, state = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                      output_final_state=True, chunk_size=chunk_size)
+    out, state = kimi_delta_attention(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=0, atol=1e-10)
     torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-10)
     # fla's default scale is ours too
     torch.testing.assert_close(
         kimi_delta_attention(q, k, v, g, beta, scale=0.3, chunk_size=chunk_size),
-        fla_kda.naive_recurrent_kda(*_fla_layout(q, k, v, g, beta), scale=0.3)[0]
-        .transpose(1, 2), rtol=0, atol=1e-10)
+        fla_kda.naive_recurrent_kda(*_fla_layout(q, k, v, g, beta), scale=0.3)[
+            0
+        ].transpose(1, 2),
+        rtol=0,
+        atol=1e-10,
+    )
 
 
 def test_kda_equals_fla_naive_chunk_kda_in_float64(fla_kda):
@@ -468,10 +610,14 @@ def test_kda_equals_fla_naive_chunk_kda_in_float64(fla_kda):
     q, k, v, g, beta, s0 = kda_inputs(n=13, h=2, group=2)
     padded = [torch.nn.functional.pad(t, (0, 0, 0, 3)) for t in (q, k, v, g)]
     ref, ref_state = fla_kda.naive_chunk_kda(
-        *_fla_layout(*padded, torch.nn.functional.pad(beta, (0, 3))), initial_state=s0,
-        output_final_state=True, chunk_size=4)
-    out, state = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                      output_final_state=True, chunk_size=4)
+        *_fla_layout(*padded, torch.nn.functional.pad(beta, (0, 3))),
+        initial_state=s0,
+        output_final_state=True,
+        chunk_size=4,
+    )
+    out, state = kimi_delta_attention(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, chunk_size=4
+    )
     ref = ref.transpose(1, 2)[..., :13, :]  # back to (b, h_v, n, e), padding cut
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
     torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-10)
@@ -482,9 +628,11 @@ def test_kda_equals_fla_as_shipped_in_float32():
     naive = pytest.importorskip("fla.ops.kda.naive")
     q, k, v, g, beta, s0 = kda_inputs(n=9, h=2, group=2, dtype=torch.float32)
     ref, ref_state = naive.naive_recurrent_kda(
-        *_fla_layout(q, k, v, g, beta), initial_state=s0, output_final_state=True)
-    out, state = kimi_delta_attention(q, k, v, g, beta, initial_state=s0,
-                                      output_final_state=True, chunk_size=4)
+        *_fla_layout(q, k, v, g, beta), initial_state=s0, output_final_state=True
+    )
+    out, state = kimi_delta_attention(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, chunk_size=4
+    )
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=0, atol=1e-5)
     torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-5)
 
@@ -533,13 +681,16 @@ def test_kda_type_dtype_and_device_errors():
         kimi_delta_attention(q, k, v, None, beta)
     with pytest.raises(TypeError, match="initial_state must be a torch.Tensor, got"):
         kimi_delta_attention(q, k, v, g, beta, initial_state=s0.tolist())
-    with pytest.raises(TypeError, match="query and g must share a dtype, got "
-                                        "torch.float64 and torch.float32"):
+    with pytest.raises(
+        TypeError,
+        match="query and g must share a dtype, got torch.float64 and torch.float32",
+    ):
         kimi_delta_attention(q, k, v, g.float(), beta)
     with pytest.raises(TypeError, match="query and initial_state must share a dtype"):
         kimi_delta_attention(q, k, v, g, beta, initial_state=s0.float())
-    with pytest.raises(ValueError, match="query and beta must be on the same device, "
-                                         "got cpu and meta"):
+    with pytest.raises(
+        ValueError, match="query and beta must be on the same device, got cpu and meta"
+    ):
         kimi_delta_attention(q, k, v, g, beta.to("meta"))
     with pytest.raises(TypeError, match="beta must have a floating-point dtype"):
         kimi_delta_attention(q, k, v, g, (beta > 0.5).long())

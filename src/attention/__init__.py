@@ -50,6 +50,7 @@ from .pretrained import *  # noqa: F403  chapter 17
 from .head_stats import *  # noqa: F403  chapter 17
 from .circuits import *  # noqa: F403  chapter 18
 from .weights import *  # noqa: F403  chapter 19
+
 # chapters 01-08's running example; last, since it builds on pretrained and a module
 # imported early would take an earlier slot in __all__
 from .example import *  # noqa: F403  chapters 01-08

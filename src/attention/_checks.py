@@ -29,7 +29,9 @@ from torch import Tensor
 def check_bool(name: str, value) -> bool:
     """Require a real ``bool`` (``'no'``, ``0`` or ``None`` are refused, not coerced)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}"
+        )
     return value
 
 
@@ -66,7 +68,9 @@ def check_real(name: str, value, *, allow_none: bool = False) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         wanted = "a float or None" if allow_none else "a float"
-        raise TypeError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be {wanted}, got {type(value).__name__} {value!r}"
+        )
     return float(value)
 
 
@@ -91,7 +95,9 @@ def check_probability(name: str, value, *, closed: bool = False) -> float:
     """A probability in ``[0, 1)`` (``[0, 1]`` with ``closed=True``), e.g. ``dropout_p``."""
     p = check_real(name, value)
     if not (0.0 <= p <= 1.0 if closed else 0.0 <= p < 1.0):
-        raise ValueError(f"{name} must lie in [0, 1{']' if closed else ')'}, got {value}")
+        raise ValueError(
+            f"{name} must lie in [0, 1{']' if closed else ')'}, got {value}"
+        )
     return p
 
 
@@ -117,7 +123,9 @@ def check_dim(name: str, dim, ndim: int) -> int:
 def check_dtype(name: str, dtype, *, floating: bool = False) -> torch.dtype:
     """Require a ``torch.dtype`` (floating-point if asked)."""
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
+        raise TypeError(
+            f"{name} must be a torch.dtype, got {type(dtype).__name__} {dtype!r}"
+        )
     if floating and not dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point dtype, got {dtype}")
     return dtype
@@ -138,7 +146,9 @@ def check_device(name: str, device) -> torch.device | None:
         raise ValueError(f"{name} is not a valid device: {device!r} ({err})") from None
 
 
-def check_generator(generator, device: torch.device | None = None) -> torch.Generator | None:
+def check_generator(
+    generator, device: torch.device | None = None
+) -> torch.Generator | None:
     """``None`` or a ``torch.Generator`` (on ``device``'s type, when given)."""
     if generator is None:
         return None
@@ -158,7 +168,12 @@ def check_generator(generator, device: torch.device | None = None) -> torch.Gene
 
 
 def check_tensor(
-    name: str, x, *, floating: bool = False, min_dim: int = 0, dtype: torch.dtype | None = None
+    name: str,
+    x,
+    *,
+    floating: bool = False,
+    min_dim: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """Require ``x`` to be a Tensor (floating-point if asked, of ``dtype`` if given) with
     at least ``min_dim`` dims."""
@@ -177,7 +192,9 @@ def check_tensor(
 def check_has_data(name: str, x: Tensor) -> None:
     """``x`` holds values (not a ``meta`` tensor), for checks that must read them."""
     if x.device.type == "meta":
-        raise ValueError(f"{name} must hold values to be checked, got a tensor on the meta device")
+        raise ValueError(
+            f"{name} must hold values to be checked, got a tensor on the meta device"
+        )
 
 
 def check_same_device(**tensors: Tensor | None) -> None:
@@ -201,7 +218,9 @@ def check_same_dtype(**tensors: Tensor | None) -> None:
     for name, t in present[1:]:
         first, t0 = present[0]
         if t.dtype != t0.dtype:
-            raise TypeError(f"{first} and {name} must share a dtype, got {t0.dtype} and {t.dtype}")
+            raise TypeError(
+                f"{first} and {name} must share a dtype, got {t0.dtype} and {t.dtype}"
+            )
 
 
 def check_like(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
@@ -257,7 +276,9 @@ def check_qkv(query, key, value=None) -> None:
         )
 
 
-def check_value(value, j: int, like_name: str, like: Tensor, *, min_dim: int = 2) -> None:
+def check_value(
+    value, j: int, like_name: str, like: Tensor, *, min_dim: int = 2
+) -> None:
     """value ``(..., j, e)``: a floating tensor with one row per key, in the dtype and on the
     device of ``like`` (the query, the weights ...); ``value=None`` is a ``TypeError``."""
     check_tensor("value", value, floating=True, min_dim=min_dim)
@@ -322,13 +343,18 @@ def check_mask(
     there (``ValueError`` naming both devices).
     """
     if not isinstance(attn_mask, Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        raise TypeError(
+            f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}"
+        )
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
         raise TypeError(
             "attn_mask must be boolean (True = may attend) or floating (added to the scores), "
             f"got {attn_mask.dtype}"
         )
-    if attn_mask.is_floating_point() and attn_mask.dtype not in (query_dtype, torch.float32):
+    if attn_mask.is_floating_point() and attn_mask.dtype not in (
+        query_dtype,
+        torch.float32,
+    ):
         raise TypeError(
             f"a float attn_mask must have the query's dtype {query_dtype} (or float32), "
             f"got {attn_mask.dtype}"
@@ -379,7 +405,9 @@ def _heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: bool):
     hq, hk = query.shape[-3], key.shape[-3]
     hv = value.shape[-3] if value is not None else hk
     if hk != hv:
-        raise ValueError(f"key and value must have the same number of heads, got {hk} and {hv}")
+        raise ValueError(
+            f"key and value must have the same number of heads, got {hk} and {hv}"
+        )
     if hk == 0 or hq % hk != 0:
         raise ValueError(
             "with enable_gqa=True the query heads must be a multiple of the key/value "
@@ -388,7 +416,9 @@ def _heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: bool):
     return q_batch[:-1], k_batch[:-1], v_batch[:-1], (hq,)
 
 
-def _validate(query, key, value, attn_mask, is_causal, scale, enable_gqa, *, needs_value):
+def _validate(
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, *, needs_value
+):
     if needs_value:
         check_tensor("value", value, floating=True, min_dim=2)
     check_qkv(query, key, value)
@@ -396,7 +426,9 @@ def _validate(query, key, value, attn_mask, is_causal, scale, enable_gqa, *, nee
     check_scale(scale)
     check_bool("enable_gqa", enable_gqa)
     q_batch, k_batch, v_batch, heads = _heads(query, key, value, enable_gqa)
-    batch = broadcast_shapes("the batch dims of query, key and value", q_batch, k_batch, v_batch)
+    batch = broadcast_shapes(
+        "the batch dims of query, key and value", q_batch, k_batch, v_batch
+    )
     scores_shape = torch.Size((*batch, *heads, query.shape[-2], key.shape[-2]))
     if attn_mask is not None:
         check_mask(attn_mask, query.dtype, scores_shape, device=query.device)
@@ -416,11 +448,15 @@ def validate_attention(
     broadcasts to the scores. The output of the kernel has shape
     ``(*scores_shape[:-1], e)``.
     """
-    return _validate(query, key, value, attn_mask, is_causal, scale, enable_gqa, needs_value=True)
+    return _validate(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, needs_value=True
+    )
 
 
 def validate_weights(
     query, key, attn_mask=None, is_causal=False, scale=None, enable_gqa=False
 ) -> torch.Size:
     """:func:`validate_attention` without a value (for functions that return the weights)."""
-    return _validate(query, key, None, attn_mask, is_causal, scale, enable_gqa, needs_value=False)
+    return _validate(
+        query, key, None, attn_mask, is_causal, scale, enable_gqa, needs_value=False
+    )

@@ -107,10 +107,12 @@ def _check_tensors(query, key, value, beta, g, initial_state, *, g_dim: int) -> 
         check_tensor("g", g, floating=True, min_dim=g_dim)
     if initial_state is not None:
         check_tensor("initial_state", initial_state, floating=True, min_dim=2)
-    check_same_dtype(query=query, key=key, value=value, beta=beta, g=g,
-                     initial_state=initial_state)
-    check_same_device(query=query, key=key, value=value, beta=beta, g=g,
-                      initial_state=initial_state)
+    check_same_dtype(
+        query=query, key=key, value=value, beta=beta, g=g, initial_state=initial_state
+    )
+    check_same_device(
+        query=query, key=key, value=value, beta=beta, g=g, initial_state=initial_state
+    )
 
 
 def _check_values(beta: Tensor, g: Tensor | None) -> None:
@@ -137,8 +139,9 @@ def _check_options(scale, output_final_state, chunk_size) -> None:
         check_size("chunk_size", chunk_size)
 
 
-def _validate(query, key, value, beta, g, scale, initial_state, output_final_state,
-              chunk_size):
+def _validate(
+    query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size
+):
     _check_tensors(query, key, value, beta, g, initial_state, g_dim=1)
     if query.shape != key.shape:
         raise ValueError(
@@ -168,8 +171,9 @@ def _validate(query, key, value, beta, g, scale, initial_state, output_final_sta
 # --------------------------------------------------------------------------- the two forms
 
 
-def _recurrent(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-               state: Tensor) -> tuple[Tensor, Tensor]:
+def _recurrent(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, state: Tensor
+) -> tuple[Tensor, Tensor]:
     """Token by token; ``q`` already scaled. Returns ``(o (..., n, e), S (..., d, e))``.
 
     ``g`` is one log-decay per head, ``(..., n)``, or one per key channel (a row of the
@@ -187,14 +191,23 @@ def _recurrent(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
         read = (k_t.unsqueeze(-1) * state).sum(-2)  # (..., e) = S^T k_t
         u = beta[..., t, None] * (v[..., t, :] - read)  # (..., e) the correction
         state = state + k_t.unsqueeze(-1) * u.unsqueeze(-2)  # (..., d, e)
-        outputs.append((q[..., t, :].unsqueeze(-1) * state).sum(-2))  # (..., e) = S^T q_t
+        outputs.append(
+            (q[..., t, :].unsqueeze(-1) * state).sum(-2)
+        )  # (..., e) = S^T q_t
     if not outputs:
         return v.new_zeros(v.shape), state
     return torch.stack(outputs, dim=-2), state
 
 
-def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
-               state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+def _chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None,
+    state: Tensor,
+    chunk: int,
+) -> tuple[Tensor, Tensor]:
     """The WY/UT chunkwise form; ``q`` already scaled. Same returns as :func:`_recurrent`."""
     n, d, e = q.shape[-2], q.shape[-1], v.shape[-1]
     if g is None:
@@ -213,18 +226,26 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
     kc = k.reshape(*batch, chunks, chunk, d)  # (..., N, c, d)
     vc = v.reshape(*batch, chunks, chunk, e)  # (..., N, c, e)
     bc = beta.reshape(*batch, chunks, chunk)  # (..., N, c)
-    gamma = g.reshape(*batch, chunks, chunk).cumsum(-1)  # (..., N, c) log Gamma_r in the chunk
+    gamma = g.reshape(*batch, chunks, chunk).cumsum(
+        -1
+    )  # (..., N, c) log Gamma_r in the chunk
 
     seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril_()  # s <= r
     strict = seen.tril(-1)  # (c, c) s < r
-    diff = gamma.unsqueeze(-1) - gamma.unsqueeze(-2)  # (..., N, c, c) log Gamma_r / Gamma_s
-    decay = diff.masked_fill(~seen, -math.inf).exp()  # (..., N, c, c), 0 above the diagonal
+    diff = gamma.unsqueeze(-1) - gamma.unsqueeze(
+        -2
+    )  # (..., N, c, c) log Gamma_r / Gamma_s
+    decay = diff.masked_fill(
+        ~seen, -math.inf
+    ).exp()  # (..., N, c, c), 0 above the diagonal
     # torch.where, not a product with a 0/1 mask: 0 * nan is NaN, and a NaN key at s
     # must not reach a row r < s (rows see only what the recurrence has seen).
     kk = kc @ kc.transpose(-2, -1)  # (..., N, c, c)
     a = torch.where(strict, bc.unsqueeze(-1) * decay * kk, 0.0)  # strictly lower
     # (I + A) U = diag(beta) V - diag(beta Gamma) K S_0: solve for both right-hand sides.
-    rhs = torch.cat([bc.unsqueeze(-1) * vc, (bc * gamma.exp()).unsqueeze(-1) * kc], dim=-1)
+    rhs = torch.cat(
+        [bc.unsqueeze(-1) * vc, (bc * gamma.exp()).unsqueeze(-1) * kc], dim=-1
+    )
     solved = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
     u_tilde, w = solved[..., :e], solved[..., e:]  # (..., N, c, e), (..., N, c, d)
     qk = torch.where(seen, (qc @ kc.transpose(-2, -1)) * decay, 0.0)  # (..., N, c, c)
@@ -233,12 +254,16 @@ def _chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None,
     outputs = []
     for m in range(chunks):
         u = u_tilde[..., m, :, :] - w[..., m, :, :] @ state  # (..., c, e)
-        inter = gamma[..., m, :].exp().unsqueeze(-1) * (qc[..., m, :, :] @ state)  # (..., c, e)
+        inter = gamma[..., m, :].exp().unsqueeze(-1) * (
+            qc[..., m, :, :] @ state
+        )  # (..., c, e)
         # a later row of u may be NaN: the masked matmul keeps it out of earlier rows
         outputs.append(inter + _matmul_skipping(qk[..., m, :, :], u, ~seen))
         carry = (last[..., m, :] - gamma[..., m, :]).exp().unsqueeze(-1)  # (..., c, 1)
-        state = last[..., m, :].exp().unsqueeze(-1) * state + (kc[..., m, :, :] * carry).transpose(
-            -2, -1) @ u  # (..., d, e)
+        state = (
+            last[..., m, :].exp().unsqueeze(-1) * state
+            + (kc[..., m, :, :] * carry).transpose(-2, -1) @ u
+        )  # (..., d, e)
     out = torch.stack(outputs, dim=-3).reshape(*batch, chunks * chunk, e)[..., :n, :]
     return out, state
 
@@ -261,10 +286,12 @@ def _forms(q, k, v, beta, g, state, chunk_size, chunkwise) -> tuple[Tensor, Tens
     return out.to(dtype), state.to(dtype)
 
 
-def _run(query, key, value, beta, g, scale, initial_state, output_final_state,
-         chunk_size):
-    _validate(query, key, value, beta, g, scale, initial_state, output_final_state,
-              chunk_size)
+def _run(
+    query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size
+):
+    _validate(
+        query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size
+    )
     q = query * default_scale(scale, query.shape[-1])
     if initial_state is None:
         state = value.new_zeros(*key.shape[:-2], key.shape[-1], value.shape[-1])
@@ -278,9 +305,15 @@ def _run(query, key, value, beta, g, scale, initial_state, output_final_state,
 
 
 def delta_rule_attention(
-    query: Tensor, key: Tensor, value: Tensor, beta: Tensor, *,
-    scale: float | None = None, initial_state: Tensor | None = None,
-    output_final_state: bool = False, chunk_size: int | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Causal attention with the delta rule (DeltaNet): the state stores corrections.
 
@@ -321,14 +354,30 @@ def delta_rule_attention(
         ...                delta_rule_attention(k, k, v, torch.ones(1, 2)))
         True
     """
-    return _run(query, key, value, beta, None, scale, initial_state, output_final_state,
-                chunk_size)
+    return _run(
+        query,
+        key,
+        value,
+        beta,
+        None,
+        scale,
+        initial_state,
+        output_final_state,
+        chunk_size,
+    )
 
 
 def gated_delta_rule_attention(
-    query: Tensor, key: Tensor, value: Tensor, beta: Tensor, g: Tensor, *,
-    scale: float | None = None, initial_state: Tensor | None = None,
-    output_final_state: bool = False, chunk_size: int | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Causal attention with the gated delta rule (Gated DeltaNet): decay, then correct.
 
@@ -358,24 +407,30 @@ def gated_delta_rule_attention(
         True
     """
     if g is None:
-        raise TypeError("g must be a tensor (..., n) of log-decays; for no decay use "
-                        "delta_rule_attention")
-    return _run(query, key, value, beta, g, scale, initial_state, output_final_state,
-                chunk_size)
+        raise TypeError(
+            "g must be a tensor (..., n) of log-decays; for no decay use "
+            "delta_rule_attention"
+        )
+    return _run(
+        query, key, value, beta, g, scale, initial_state, output_final_state, chunk_size
+    )
 
 
 # ---------------------------------------------------------------- Kimi Delta Attention
 
 
-def _validate_kda(query, key, value, g, beta, scale, initial_state, output_final_state,
-                  chunk_size) -> int:
+def _validate_kda(
+    query, key, value, g, beta, scale, initial_state, output_final_state, chunk_size
+) -> int:
     """The boundary checks of :func:`kimi_delta_attention`; returns the group size
     ``G = h_v / h`` (1 when every query/key head has its own value head)."""
     _check_tensors(query, key, value, beta, g, initial_state, g_dim=2)
     if g is None:
-        raise TypeError("g must be a tensor (..., h_v, n, d) of per-channel "
-                        "log-decays; for one decay per head use "
-                        "gated_delta_rule_attention")
+        raise TypeError(
+            "g must be a tensor (..., h_v, n, d) of per-channel "
+            "log-decays; for one decay per head use "
+            "gated_delta_rule_attention"
+        )
     if query.shape != key.shape:
         raise ValueError(
             f"query and key must have the same shape (..., h, n, d), got "
@@ -383,9 +438,13 @@ def _validate_kda(query, key, value, g, beta, scale, initial_state, output_final
         )
     if value.shape[:-1] == key.shape[:-1]:
         group = 1
-    elif (value.dim() == key.dim() >= 3 and value.shape[:-3] == key.shape[:-3]
-          and value.shape[-2] == key.shape[-2] and key.shape[-3] > 0
-          and value.shape[-3] % key.shape[-3] == 0):
+    elif (
+        value.dim() == key.dim() >= 3
+        and value.shape[:-3] == key.shape[:-3]
+        and value.shape[-2] == key.shape[-2]
+        and key.shape[-3] > 0
+        and value.shape[-3] % key.shape[-3] == 0
+    ):
         group = value.shape[-3] // key.shape[-3]
     else:
         raise ValueError(
@@ -411,8 +470,9 @@ def _validate_kda(query, key, value, g, beta, scale, initial_state, output_final
     return group
 
 
-def _kda_chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
-                   state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+def _kda_chunkwise(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor, chunk: int
+) -> tuple[Tensor, Tensor]:
     """KDA's chunkwise form (the math in :func:`kimi_delta_attention`'s docstring).
 
     ``q`` already scaled and ``q``, ``k`` already expanded to the value heads; ``g`` is
@@ -441,7 +501,7 @@ def _kda_chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
     for s in range(chunk):
         after_s = torch.where((pos > s)[:, None], gc, 0.0).cumsum(-2)  # (..., N, c, d)
         decay = after_s.masked_fill((pos < s)[:, None], -math.inf).exp()  # 0 for r < s
-        k_s = kc[..., s:s + 1, :]  # (..., N, 1, d)
+        k_s = kc[..., s : s + 1, :]  # (..., N, 1, d)
         kk.append((kc * decay * k_s).sum(-1))  # (..., N, c): k_r . Diag(decay) k_s
         qk.append((qc * decay * k_s).sum(-1))  # (..., N, c): q_r . Diag(decay) k_s
     # torch.where, not a 0/1 product: 0 * nan is NaN, and a NaN key at s must not reach
@@ -472,9 +532,16 @@ def _kda_chunkwise(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor,
 
 
 def kimi_delta_attention(
-    query: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tensor, *,
-    scale: float | None = None, initial_state: Tensor | None = None,
-    output_final_state: bool = False, chunk_size: int | None = None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Kimi Delta Attention (KDA): the gated delta rule with one decay per key channel.
 
@@ -584,8 +651,9 @@ def kimi_delta_attention(
         ...                atol=1e-5)
         True
     """
-    group = _validate_kda(query, key, value, g, beta, scale, initial_state,
-                          output_final_state, chunk_size)
+    group = _validate_kda(
+        query, key, value, g, beta, scale, initial_state, output_final_state, chunk_size
+    )
     q = query * default_scale(scale, query.shape[-1])
     k = key
     if group > 1:  # query/key head i serves value heads i G ... i G + G - 1

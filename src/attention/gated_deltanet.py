@@ -160,8 +160,15 @@ class GatedDeltaNet(nn.Module):
         self.w_out = nn.Linear(h_v * e, embed_dim, bias=False, **fac)
 
     def extra_repr(self) -> str:
-        names = ("embed_dim", "num_heads", "head_dim", "num_value_heads",
-                 "value_head_dim", "conv_size", "chunk_size")
+        names = (
+            "embed_dim",
+            "num_heads",
+            "head_dim",
+            "num_value_heads",
+            "value_head_dim",
+            "conv_size",
+            "chunk_size",
+        )
         return ", ".join(f"{k}={getattr(self, k)}" for k in names)
 
     def _validate(self, x, initial_state, output_final_state) -> None:
@@ -248,7 +255,13 @@ class GatedDeltaNet(nn.Module):
         # 5. the gated delta rule (the query is scaled by d^-1/2 inside)
         memory = None if initial_state is None else initial_state[1].to(compute)
         out, memory = gated_delta_rule_attention(
-            q, k, v, beta, g, initial_state=memory, output_final_state=True,
+            q,
+            k,
+            v,
+            beta,
+            g,
+            initial_state=memory,
+            output_final_state=True,
             chunk_size=self.chunk_size,
         )  # (b, h_v, n, e), (b, h_v, d, e)
 
@@ -300,9 +313,16 @@ class GatedDeltaNet(nn.Module):
         group = h_v // h
         ref = module.out_proj.weight
         new = cls(
-            module.hidden_size, h, d, num_value_heads=h_v, value_head_dim=e,
-            conv_size=module.conv_kernel_size, norm_eps=module.norm.variance_epsilon,
-            chunk_size=chunk_size, device=ref.device, dtype=ref.dtype,
+            module.hidden_size,
+            h,
+            d,
+            num_value_heads=h_v,
+            value_head_dim=e,
+            conv_size=module.conv_kernel_size,
+            norm_eps=module.norm.variance_epsilon,
+            chunk_size=chunk_size,
+            device=ref.device,
+            dtype=ref.dtype,
         )
         width = module.hidden_size
         qkvz = module.in_proj_qkvz.weight.reshape(h, 2 * d + 2 * group * e, width)

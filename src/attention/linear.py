@@ -74,7 +74,10 @@ from ._core import _matmul_skipping, expand_kv_heads, top_left_causal
 from .feature_maps import FeatureMap, elu_feature_map, relu_feature_map
 
 __all__ = [
-    "linear_attention", "linear_attention_weights", "linear_attention_step", "lightning_attention",
+    "linear_attention",
+    "linear_attention_weights",
+    "linear_attention_step",
+    "lightning_attention",
 ]
 
 
@@ -85,7 +88,9 @@ def _check_options(feature_map, eps) -> tuple[FeatureMap, float]:
     if feature_map is None:
         feature_map = elu_feature_map
     if not callable(feature_map):
-        raise TypeError(f"feature_map must be callable or None, got {type(feature_map).__name__}")
+        raise TypeError(
+            f"feature_map must be callable or None, got {type(feature_map).__name__}"
+        )
     eps = check_real("eps", eps)
     if not eps >= 0.0:
         raise ValueError(f"eps must be >= 0, got {eps}")
@@ -107,17 +112,33 @@ def _refuse_mask_and_scale(function: str, attn_mask, scale) -> None:
         )
 
 
-def _check_decay_options(decay, normalize, is_causal, query) -> tuple[Tensor | None, bool]:
+def _check_decay_options(
+    decay, normalize, is_causal, query
+) -> tuple[Tensor | None, bool]:
     """``decay`` needs an order (``is_causal``); returns it as a broadcastable tensor."""
     normalize = check_bool("normalize", normalize)
     if decay is not None and not is_causal:
-        raise ValueError("decay weights key j by lambda^(i - j), which needs an order: "
-                         "pass is_causal=True")
+        raise ValueError(
+            "decay weights key j by lambda^(i - j), which needs an order: "
+            "pass is_causal=True"
+        )
     return _check_decay(decay, query, head_dim=-3), normalize
 
 
-def _validate(function: str, query, key, value, attn_mask, is_causal, scale, enable_gqa,
-              feature_map, eps, *, weights_only: bool = False) -> tuple[FeatureMap, float]:
+def _validate(
+    function: str,
+    query,
+    key,
+    value,
+    attn_mask,
+    is_causal,
+    scale,
+    enable_gqa,
+    feature_map,
+    eps,
+    *,
+    weights_only: bool = False,
+) -> tuple[FeatureMap, float]:
     """The boundary checks of the sequence functions; returns the feature map and eps to use."""
     if weights_only:
         validate_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
@@ -136,19 +157,27 @@ def _check_decay(decay, query: Tensor, *, head_dim: int) -> Tensor | None:
         check_tensor("decay", decay, floating=True)
         check_same_device(query=query, decay=decay)
         if decay.dim() > 1:
-            raise ValueError(f"decay must be a float or a tensor (h,) of per-head log-decays, "
-                             f"got shape {tuple(decay.shape)}")
+            raise ValueError(
+                f"decay must be a float or a tensor (h,) of per-head log-decays, "
+                f"got shape {tuple(decay.shape)}"
+            )
         h = query.shape[head_dim] if query.dim() >= -head_dim else None
         if decay.dim() == 1 and decay.shape[0] not in (1, h):
-            raise ValueError(f"decay must have one log-decay per head, shape ({h},), got "
-                             f"{tuple(decay.shape)}")
+            raise ValueError(
+                f"decay must have one log-decay per head, shape ({h},), got "
+                f"{tuple(decay.shape)}"
+            )
         check_has_data("decay", decay)
         g = decay.to(query.dtype)
     else:
-        g = torch.tensor(check_real("decay", decay), dtype=query.dtype, device=query.device)
+        g = torch.tensor(
+            check_real("decay", decay), dtype=query.dtype, device=query.device
+        )
     if (g > 0).any():
-        raise ValueError("decay is the log of lambda in (0, 1] and must be <= 0, got a maximum "
-                         f"of {g.detach().max().item():.4g}")
+        raise ValueError(
+            "decay is the log of lambda in (0, 1] and must be <= 0, got a maximum "
+            f"of {g.detach().max().item():.4g}"
+        )
     # lambda = 0 (log-decay -inf) would give -inf * 0 = NaN on the diagonal; exp(-1000) is
     # already 0 in every floating dtype, so the clamp changes no weight.
     g = g.clamp(min=-1000.0)
@@ -160,16 +189,21 @@ def _group_heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: b
     if not enable_gqa:
         return key, value
     h = query.shape[-3]
-    return expand_kv_heads(key, h), (None if value is None else expand_kv_heads(value, h))
+    return expand_kv_heads(key, h), (
+        None if value is None else expand_kv_heads(value, h)
+    )
 
 
-def _features(feature_map: FeatureMap, query: Tensor, key: Tensor, *,
-              non_negative: bool = True) -> tuple[Tensor, Tensor]:
+def _features(
+    feature_map: FeatureMap, query: Tensor, key: Tensor, *, non_negative: bool = True
+) -> tuple[Tensor, Tensor]:
     """Apply the feature map to queries and keys and check the result is usable."""
     phi_q, phi_k = feature_map(query), feature_map(key)
     for name, x, phi in (("query", query, phi_q), ("key", key, phi_k)):
         if not isinstance(phi, Tensor):
-            raise TypeError(f"feature_map must return a torch.Tensor, got {type(phi).__name__}")
+            raise TypeError(
+                f"feature_map must return a torch.Tensor, got {type(phi).__name__}"
+            )
         if phi.shape[:-1] != x.shape[:-1]:
             raise ValueError(
                 f"feature_map must keep every dimension but the last, got {tuple(x.shape)} "
@@ -179,7 +213,12 @@ def _features(feature_map: FeatureMap, query: Tensor, key: Tensor, *,
             raise TypeError(
                 f"feature_map must keep the dtype of its input, got {x.dtype} -> {phi.dtype} for the {name}"
             )
-        if non_negative and phi.device.type != "meta" and not _known_non_negative(feature_map) and (phi.detach() < 0).any():
+        if (
+            non_negative
+            and phi.device.type != "meta"
+            and not _known_non_negative(feature_map)
+            and (phi.detach() < 0).any()
+        ):
             raise ValueError(
                 "feature_map must be non-negative (the normaliser phi(q) . sum_j phi(k_j) must "
                 f"stay positive), got a minimum of {phi.detach().min().item():.4g} for the {name}"
@@ -210,10 +249,17 @@ def _expand_batch(*tensors: Tensor) -> list[Tensor]:
 
 
 def linear_attention_weights(
-    query: Tensor, key: Tensor, *,
-    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
-    feature_map: FeatureMap | None = None, eps: float = 1e-6,
-    decay: Tensor | float | None = None, normalize: bool = True,
+    query: Tensor,
+    key: Tensor,
+    *,
+    attn_mask: None = None,
+    is_causal: bool = False,
+    scale: None = None,
+    enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None,
+    eps: float = 1e-6,
+    decay: Tensor | float | None = None,
+    normalize: bool = True,
 ) -> Tensor:
     r"""The ``(..., h, i, j)`` weights of linear attention, built explicitly (for plots and tests).
 
@@ -239,23 +285,47 @@ def linear_attention_weights(
         >>> [round(x, 4) for x in w[2].tolist()]  # equal features: the mean of the seen keys
         [0.3333, 0.3333, 0.3333]
     """
-    feature_map, eps = _validate("linear_attention_weights", query, key, None, attn_mask, is_causal,
-                            scale, enable_gqa, feature_map, eps, weights_only=True)
+    feature_map, eps = _validate(
+        "linear_attention_weights",
+        query,
+        key,
+        None,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        feature_map,
+        eps,
+        weights_only=True,
+    )
     g, normalize = _check_decay_options(decay, normalize, is_causal, query)
     key, _ = _group_heads(query, key, None, enable_gqa)
-    return _naive_weights(*_features(feature_map, query, key, non_negative=normalize), is_causal,
-                          eps, g, normalize)
+    return _naive_weights(
+        *_features(feature_map, query, key, non_negative=normalize),
+        is_causal,
+        eps,
+        g,
+        normalize,
+    )
 
 
-def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float,
-                   g: Tensor | None = None, normalize: bool = True) -> Tensor:
+def _naive_weights(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    is_causal: bool,
+    eps: float,
+    g: Tensor | None = None,
+    normalize: bool = True,
+) -> Tensor:
     scores = phi_q @ phi_k.transpose(-2, -1)  # (..., i, j)
     if is_causal:
         i, j = phi_q.shape[-2], phi_k.shape[-2]
         visible = top_left_causal(i, j, device=phi_q.device)
         if g is not None:  # lambda^(i - j) on the visible pairs
-            lag = (torch.arange(i, device=phi_q.device)[:, None]
-                   - torch.arange(j, device=phi_q.device)[None, :]).clamp(min=0)  # (i, j)
+            lag = (
+                torch.arange(i, device=phi_q.device)[:, None]
+                - torch.arange(j, device=phi_q.device)[None, :]
+            ).clamp(min=0)  # (i, j)
             scores = scores * (g * lag.to(scores.dtype)).exp()
         scores = scores.masked_fill(~visible, 0.0)
     if not normalize:
@@ -264,10 +334,18 @@ def _naive_weights(phi_q: Tensor, phi_k: Tensor, is_causal: bool, eps: float,
 
 
 def linear_attention_naive(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
-    feature_map: FeatureMap | None = None, eps: float = 1e-6,
-    decay: Tensor | float | None = None, normalize: bool = True,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: None = None,
+    is_causal: bool = False,
+    scale: None = None,
+    enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None,
+    eps: float = 1e-6,
+    decay: Tensor | float | None = None,
+    normalize: bool = True,
 ) -> Tensor:
     r"""Linear attention the quadratic way: build the weights, then multiply the values.
 
@@ -282,13 +360,32 @@ def linear_attention_naive(
         >>> [round(x, 4) for x in linear_attention_naive(q, k, v).flatten().tolist()]
         [1.0, 1.0, 1.0]
     """
-    feature_map, eps = _validate("linear_attention_naive", query, key, value, attn_mask, is_causal,
-                            scale, enable_gqa, feature_map, eps)
+    feature_map, eps = _validate(
+        "linear_attention_naive",
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        feature_map,
+        eps,
+    )
     g, normalize = _check_decay_options(decay, normalize, is_causal, query)
     key, value = _group_heads(query, key, value, enable_gqa)
-    weights = _naive_weights(*_features(feature_map, query, key, non_negative=normalize),
-                             is_causal, eps, g, normalize)
-    future = ~top_left_causal(query.shape[-2], key.shape[-2], query.device) if is_causal else None
+    weights = _naive_weights(
+        *_features(feature_map, query, key, non_negative=normalize),
+        is_causal,
+        eps,
+        g,
+        normalize,
+    )
+    future = (
+        ~top_left_causal(query.shape[-2], key.shape[-2], query.device)
+        if is_causal
+        else None
+    )
     return _matmul_skipping(weights, value, future)  # (..., i, e)
 
 
@@ -303,8 +400,15 @@ def _noncausal(phi_q: Tensor, phi_k: Tensor, value: Tensor, eps: float) -> Tenso
     return num / (den + eps)
 
 
-def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps: float,
-                    g: Tensor | None = None, normalize: bool = True) -> Tensor:
+def _causal_chunked(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    value: Tensor,
+    chunk: int,
+    eps: float,
+    g: Tensor | None = None,
+    normalize: bool = True,
+) -> Tensor:
     """The parallel chunkwise form: all chunks at once (no Python loop over chunks).
 
     The values get an extra column of ones, so every matmul that sums
@@ -332,7 +436,9 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
     vc = value.reshape(*batch, n, chunk, e + 1)  # (..., n, c, e + 1)
 
     # Inside a chunk: the quadratic form with the causal (lower-triangular) pattern.
-    future = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).triu_(1)  # (c, c)
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).triu_(
+        1
+    )  # (c, c)
     scores = qc @ kc.transpose(-2, -1)  # (..., n, c, c)
     if g is not None:
         return _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize)
@@ -343,7 +449,9 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
     # states phi(K_l)^T [V_l, 1] of the earlier chunks l < m: a cumulative sum shifted by
     # one (shifted, not cumsum - kv: a huge chunk state would swamp the earlier ones).
     kv = kc.transpose(-2, -1) @ vc  # (..., n, f, e + 1)
-    state = F.pad(torch.cumsum(kv[..., :-1, :, :], dim=-3), (0, 0, 0, 0, 1, 0))  # (..., n, f, e + 1)
+    state = F.pad(
+        torch.cumsum(kv[..., :-1, :, :], dim=-3), (0, 0, 0, 0, 1, 0)
+    )  # (..., n, f, e + 1)
     num = num.add_(qc @ state)  # (..., n, c, e + 1)
 
     return _finish(num, length, i, eps, normalize)
@@ -351,7 +459,9 @@ def _causal_chunked(phi_q: Tensor, phi_k: Tensor, value: Tensor, chunk: int, eps
 
 def _finish(num: Tensor, length: int, i: int, eps: float, normalize: bool) -> Tensor:
     """Cut the padding and divide by the normaliser riding in the last column."""
-    num = num.reshape(*num.shape[:-3], length, num.shape[-1])[..., :i, :]  # (..., i, e + 1)
+    num = num.reshape(*num.shape[:-3], length, num.shape[-1])[
+        ..., :i, :
+    ]  # (..., i, e + 1)
     if not normalize:
         return num[..., :-1]
     return num[..., :-1] / (num[..., -1:] + eps)  # (..., i, e)
@@ -383,10 +493,19 @@ def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) ->
 
 
 def linear_attention(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: None = None, is_causal: bool = False, scale: None = None, enable_gqa: bool = False,
-    feature_map: FeatureMap | None = None, chunk_size: int = 64, eps: float = 1e-6,
-    decay: Tensor | float | None = None, normalize: bool = True,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: None = None,
+    is_causal: bool = False,
+    scale: None = None,
+    enable_gqa: bool = False,
+    feature_map: FeatureMap | None = None,
+    chunk_size: int = 64,
+    eps: float = 1e-6,
+    decay: Tensor | float | None = None,
+    normalize: bool = True,
 ) -> Tensor:
     r"""Linear attention in linear time: :math:`o_i = \varphi(q_i)^\top S / (\varphi(q_i)^\top z + \varepsilon)`.
 
@@ -436,8 +555,18 @@ def linear_attention(
         >>> torch.allclose(a, linear_attention_naive(q, k, v, is_causal=True), atol=1e-5)
         True
     """
-    feature_map, eps = _validate("linear_attention", query, key, value, attn_mask, is_causal, scale,
-                            enable_gqa, feature_map, eps)
+    feature_map, eps = _validate(
+        "linear_attention",
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        feature_map,
+        eps,
+    )
     chunk_size = check_size("chunk_size", chunk_size)
     g, normalize = _check_decay_options(decay, normalize, is_causal, query)
     key, value = _group_heads(query, key, value, enable_gqa)
@@ -447,8 +576,9 @@ def linear_attention(
             return phi_q @ (phi_k.transpose(-2, -1) @ value)  # (..., i, e)
         return _noncausal(phi_q, phi_k, value, eps)
     # A chunk longer than the queries holds only padding past them: cut it.
-    return _causal_chunked(phi_q, phi_k, value, min(chunk_size, max(1, query.shape[-2])), eps,
-                           g, normalize)
+    return _causal_chunked(
+        phi_q, phi_k, value, min(chunk_size, max(1, query.shape[-2])), eps, g, normalize
+    )
 
 
 def linear_attention_step(
@@ -507,32 +637,50 @@ def linear_attention_step(
             "query and key must share their last dimension d, "
             f"got {query.shape[-1]} and {key.shape[-1]}"
         )
-    broadcast_shapes("the batch dims of query, key and value",
-                     query.shape[:-1], key.shape[:-1], value.shape[:-1])
+    broadcast_shapes(
+        "the batch dims of query, key and value",
+        query.shape[:-1],
+        key.shape[:-1],
+        value.shape[:-1],
+    )
     if state is not None:
         if not (isinstance(state, tuple | list) and len(state) == 2):
-            raise TypeError("state must be None or the pair (S, z) returned by the previous step")
+            raise TypeError(
+                "state must be None or the pair (S, z) returned by the previous step"
+            )
         check_tensor("S", state[0], floating=True, min_dim=2)
         check_tensor("z", state[1], floating=True, min_dim=1)
         check_same_dtype(query=query, S=state[0], z=state[1])
         check_same_device(query=query, S=state[0], z=state[1])
     feature_map, eps = _check_options(feature_map, eps)
     normalize = check_bool("normalize", normalize)
-    head_dim = -2  # query (..., h, d); or (..., h, 1, d) with a length-one position axis
-    if (isinstance(decay, Tensor) and decay.dim() == 1 and decay.shape[0] > 1
-            and query.dim() >= 3 and query.shape[-2] == 1 and query.shape[-3] == decay.shape[0]):
+    head_dim = (
+        -2
+    )  # query (..., h, d); or (..., h, 1, d) with a length-one position axis
+    if (
+        isinstance(decay, Tensor)
+        and decay.dim() == 1
+        and decay.shape[0] > 1
+        and query.dim() >= 3
+        and query.shape[-2] == 1
+        and query.shape[-3] == decay.shape[0]
+    ):
         head_dim = -3
     g = _check_decay(decay, query, head_dim=head_dim)
 
-    phi_q, phi_k = _features(feature_map, query.unsqueeze(-2), key.unsqueeze(-2),
-                             non_negative=normalize)
+    phi_q, phi_k = _features(
+        feature_map, query.unsqueeze(-2), key.unsqueeze(-2), non_negative=normalize
+    )
     phi_q, phi_k = phi_q.squeeze(-2), phi_k.squeeze(-2)  # (..., f)
     update = phi_k.unsqueeze(-1) * value.unsqueeze(-2)  # (..., f, e) = phi(k_t) v_t^T
     if state is None:
         S, z = update, phi_k
     else:
         S_prev, z_prev = state
-        if S_prev.shape[-2:] != update.shape[-2:] or z_prev.shape[-1] != phi_k.shape[-1]:
+        if (
+            S_prev.shape[-2:] != update.shape[-2:]
+            or z_prev.shape[-1] != phi_k.shape[-1]
+        ):
             raise ValueError(
                 f"state must have S of shape (..., f, e) = (..., {phi_k.shape[-1]}, "
                 f"{value.shape[-1]}) and z of shape (..., {phi_k.shape[-1]}), got "
@@ -551,10 +699,18 @@ def linear_attention_step(
 
 
 def lightning_attention(
-    query: Tensor, key: Tensor, value: Tensor, *,
-    attn_mask: None = None, is_causal: bool = True, scale: float | None = None,
-    enable_gqa: bool = False, decay: Tensor | float | None = None, block_size: int = 64,
-    initial_state: Tensor | None = None, output_final_state: bool = False,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: None = None,
+    is_causal: bool = True,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    decay: Tensor | float | None = None,
+    block_size: int = 64,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Lightning Attention-2: causal, decayed, denominator-free linear attention, block by block.
 
@@ -609,30 +765,46 @@ def lightning_attention(
         True
     """
     if attn_mask is not None:
-        raise ValueError("lightning_attention cannot apply an attn_mask: it is causal linear "
-                         "attention, whose running state sums all earlier keys")
+        raise ValueError(
+            "lightning_attention cannot apply an attn_mask: it is causal linear "
+            "attention, whose running state sums all earlier keys"
+        )
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if not is_causal:
-        raise ValueError("lightning_attention is causal only (is_causal=True): the decay "
-                         "lambda^(i - j) and the running state need an order")
+        raise ValueError(
+            "lightning_attention is causal only (is_causal=True): the decay "
+            "lambda^(i - j) and the running state need an order"
+        )
     if query.shape[-2] != key.shape[-2]:
-        raise ValueError("lightning_attention is causal self-attention: query and key must "
-                         f"have the same length n, got {query.shape[-2]} and {key.shape[-2]}")
+        raise ValueError(
+            "lightning_attention is causal self-attention: query and key must "
+            f"have the same length n, got {query.shape[-2]} and {key.shape[-2]}"
+        )
     block_size = check_size("block_size", block_size)
     output_final_state = check_bool("output_final_state", output_final_state)
     g = _check_decay(decay, query, head_dim=-3)
     key, value = _group_heads(query, key, value, enable_gqa)
-    s = scale if scale is not None else (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0)
+    s = (
+        scale
+        if scale is not None
+        else (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0)
+    )
     q, key, value = _expand_batch(query, key, value)  # views, no copies
     n, d, e = q.shape[-2], q.shape[-1], value.shape[-1]
     state_shape = (*q.shape[:-2], d, e)  # (..., h, d, e)
     check_initial_state(initial_state, state_shape, query)
     state = q.new_zeros(state_shape) if initial_state is None else initial_state
-    g = torch.zeros((), dtype=q.dtype, device=q.device) if g is None else g  # (h, 1, 1) or ()
+    g = (
+        torch.zeros((), dtype=q.dtype, device=q.device) if g is None else g
+    )  # (h, 1, 1) or ()
     out = q.new_empty((*q.shape[:-1], e))  # (..., n, e), filled block by block
     for start in range(0, n, block_size):
-        kb, vb = (x[..., start:start + block_size, :] for x in (key, value))  # (..., B, *)
-        qb = q[..., start:start + block_size, :] * s  # scaled block by block: no copy of Q
+        kb, vb = (
+            x[..., start : start + block_size, :] for x in (key, value)
+        )  # (..., B, *)
+        qb = (
+            q[..., start : start + block_size, :] * s
+        )  # scaled block by block: no copy of Q
         size = qb.shape[-2]
         pos = torch.arange(size, device=q.device, dtype=q.dtype)
         lag = pos[:, None] - pos[None, :]  # (B, B)
@@ -640,10 +812,14 @@ def lightning_attention(
         # torch.where and a masked matmul, not a product with zeros: 0 * nan is NaN, and
         # a NaN key or value at s must not reach a row r < s of the block
         future = lag < 0  # (B, B)
-        scores = torch.where(future, 0.0, (qb @ kb.transpose(-2, -1)) * tile)  # (..., B, B)
+        scores = torch.where(
+            future, 0.0, (qb @ kb.transpose(-2, -1)) * tile
+        )  # (..., B, B)
         intra = _matmul_skipping(scores, vb, future)  # (..., B, e)
         inter = ((g * (pos + 1)[:, None]).exp() * qb) @ state  # (..., B, e)
-        out[..., start:start + size, :] = intra + inter
+        out[..., start : start + size, :] = intra + inter
         key_weight = (g * (size - 1 - pos)[:, None]).exp()  # (h, B, 1) or (B, 1)
-        state = (g * size).exp() * state + (key_weight * kb).transpose(-2, -1) @ vb  # (..., d, e)
+        state = (g * size).exp() * state + (key_weight * kb).transpose(
+            -2, -1
+        ) @ vb  # (..., d, e)
     return (out, state) if output_final_state else out
