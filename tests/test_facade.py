@@ -40,6 +40,8 @@ DOCUMENTED_API = {
     "use_course_style": "the figure style setup_notebook applies, for a reader's own notebook",
     "RotaryConfig": "the RoPE options of MultiHeadAttention, MultiHeadLatentAttention, dual_chunk_attention",
     "LocalAlignment": "the module form of local_alignment (chapter 9), with learned w_p and v_p",
+    "kimi_delta_attention": "the per-channel decay after gated DeltaNet, equal to fla's KDA",
+    "GatedDeltaNet": "Qwen3-Next's linear-attention layer, equal to transformers' own",
 }
 
 

@@ -75,7 +75,12 @@ from .efficient.linear import (
     linear_attention_step,
     lightning_attention,
 )
-from .efficient.delta_rule import delta_rule_attention, gated_delta_rule_attention
+from .efficient.delta_rule import (
+    delta_rule_attention,
+    gated_delta_rule_attention,
+    kimi_delta_attention,
+)
+from .efficient.gated_deltanet import GatedDeltaNet
 from .efficient.neural_memory import NeuralMemory
 from .efficient.mqar import mqar_batch
 from .efficient.patterns import (
@@ -193,6 +198,8 @@ __all__ = [
     "lightning_attention",
     "delta_rule_attention",
     "gated_delta_rule_attention",
+    "kimi_delta_attention",
+    "GatedDeltaNet",
     "NeuralMemory",
     "mqar_batch",
     "sliding_window_mask",

@@ -289,6 +289,25 @@ def check_value(
         )
 
 
+def check_initial_state(initial_state, shape: tuple[int, ...], like: Tensor) -> None:
+    """The starting state of a recurrent kernel (the delta rules, KDA, Lightning).
+
+    ``None`` (a zero state) or a floating tensor with the dtype and device of ``like``
+    (the query) and exactly the ``(..., d, e)`` shape ``shape`` the kernel keeps. One
+    helper, so every kernel of the recurrent family words these errors alike.
+    """
+    if initial_state is None:
+        return
+    check_tensor("initial_state", initial_state, floating=True, min_dim=2)
+    check_same_dtype(query=like, initial_state=initial_state)
+    check_same_device(query=like, initial_state=initial_state)
+    if tuple(initial_state.shape) != tuple(shape):
+        raise ValueError(
+            f"initial_state must have shape (..., d, e) = {tuple(shape)}, got "
+            f"{tuple(initial_state.shape)}"
+        )
+
+
 def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """NumPy broadcasting of shapes, or None when they do not broadcast.
 

@@ -61,6 +61,7 @@ from .._checks import (
     broadcast_shapes,
     check_bool,
     check_has_data,
+    check_initial_state,
     check_real,
     check_same_device,
     check_same_dtype,
@@ -726,6 +727,8 @@ def lightning_attention(
     :math:`S \leftarrow \lambda^{B} S + (\lambda^{B-1-s} K_t)^\top V_t`. Memory: one
     ``(B, B)`` tile and one state per head, whatever the length; the parallel chunkwise
     form of :func:`linear_attention` holds every chunk's state at once instead.
+    Rows see only what the recurrence sees: a NaN key or value at position ``p`` makes
+    rows ``>= p`` NaN and leaves the earlier rows of its block alone.
 
     There is no feature map and no normaliser (TransNormer's and Lightning's choice: the
     model normalises the output afterwards). The query is multiplied by ``scale`` (default
@@ -788,19 +791,9 @@ def lightning_attention(
     )
     q, key, value = _expand_batch(query, key, value)  # views, no copies
     n, d, e = q.shape[-2], q.shape[-1], value.shape[-1]
-    state_shape = (*q.shape[:-2], d, e)
-    if initial_state is None:
-        state = q.new_zeros(state_shape)
-    else:
-        check_tensor("initial_state", initial_state, floating=True, min_dim=2)
-        check_same_dtype(query=query, initial_state=initial_state)
-        check_same_device(query=query, initial_state=initial_state)
-        if tuple(initial_state.shape) != state_shape:
-            raise ValueError(
-                f"initial_state must have shape (..., h, d, e) = {state_shape}, "
-                f"got {tuple(initial_state.shape)}"
-            )
-        state = initial_state
+    state_shape = (*q.shape[:-2], d, e)  # (..., h, d, e)
+    check_initial_state(initial_state, state_shape, query)
+    state = q.new_zeros(state_shape) if initial_state is None else initial_state
     g = (
         torch.zeros((), dtype=q.dtype, device=q.device) if g is None else g
     )  # (h, 1, 1) or ()
@@ -815,10 +808,14 @@ def lightning_attention(
         size = qb.shape[-2]
         pos = torch.arange(size, device=q.device, dtype=q.dtype)
         lag = pos[:, None] - pos[None, :]  # (B, B)
-        tile = (
-            (g * lag.clamp(min=0)).exp().masked_fill(lag < 0, 0.0)
-        )  # (h, B, B) or (B, B)
-        intra = ((qb @ kb.transpose(-2, -1)) * tile) @ vb  # (..., B, e)
+        tile = (g * lag.clamp(min=0)).exp()  # (h, B, B) or (B, B), lambda^(r - s)
+        # torch.where and a masked matmul, not a product with zeros: 0 * nan is NaN, and
+        # a NaN key or value at s must not reach a row r < s of the block
+        future = lag < 0  # (B, B)
+        scores = torch.where(
+            future, 0.0, (qb @ kb.transpose(-2, -1)) * tile
+        )  # (..., B, B)
+        intra = _matmul_skipping(scores, vb, future)  # (..., B, e)
         inter = ((g * (pos + 1)[:, None]).exp() * qb) @ state  # (..., B, e)
         out[..., start : start + size, :] = intra + inter
         key_weight = (g * (size - 1 - pos)[:, None]).exp()  # (h, B, 1) or (B, 1)
