@@ -39,6 +39,7 @@ from .mqar import *  # noqa: F403  chapter 11
 from .patterns import *  # noqa: F403  chapter 12
 from .sparse import *  # noqa: F403  chapter 12
 from .approximate import *  # noqa: F403  chapter 12
+from .learned_sparse import *  # noqa: F403  chapter 13 (sparse attention, renumbered)
 from .tiled import *  # noqa: F403  chapter 13
 from .distributed import *  # noqa: F403  chapter 14
 from .sinks import *  # noqa: F403  chapter 16
