@@ -806,7 +806,7 @@ def test_leading_batch_dims_are_flattened_and_restored():
 
 def test_sizes_beyond_the_sequence_are_clamped():
     q, k, v = qkv(1, 2, 1, 6, seed=3)
-    big = 10**12
+    big = 2**80  # beyond int64: clamped before any arithmetic
     out, blocks = native_sparse_attention(
         q,
         k,
@@ -825,10 +825,13 @@ def test_sizes_beyond_the_sequence_are_clamped():
     )
     assert blocks.shape == (1, 2, 6, 1)
     close(out, full_causal(q, k, v))
-    assert lightning_indexer(randn(1, 2, 6, 3), randn(1, 6, 3), top_k=big).shape == (
-        1,
-        6,
-        6,
+    picked = lightning_indexer(randn(1, 2, 6, 3), randn(1, 6, 3), top_k=big)
+    assert picked.shape == (1, 6, 6)
+    whole = torch.zeros(1, 6, 1, dtype=torch.long)  # block 0 for every query
+    causal = torch.ones(1, 6, 6, dtype=torch.bool).tril()
+    assert torch.equal(selection_mask(whole, block_size=big), causal)
+    close(
+        selection_stats(q, k, whole, block_size=big).mass, torch.ones(1, 2, 6, dtype=DT)
     )
 
 
@@ -873,6 +876,13 @@ def test_nan_key_makes_every_row_nan_as_the_dense_form():
     ]
     for out, ref in zip(outs, refs, strict=True):
         assert out.isnan().all() and ref.isnan().all()
+
+
+def test_nan_value_in_nsa_reaches_only_the_queries_at_or_after_it():
+    q, k, v = qkv(1, 2, 1, 12, seed=7)
+    v[0, 0, 10, 1] = float("nan")  # in block 3 (positions 9-11), complete at t = 11
+    out = native_sparse_attention(q, k, v, block_size=3, num_selected_blocks=2)
+    assert out[..., :10, :].isfinite().all() and out[..., 10:, :].isnan().any(-1).all()
 
 
 def test_nan_value_reaches_only_the_queries_that_select_it():
@@ -975,5 +985,5 @@ def test_bad_selections_are_refused():
         selection_stats(q, k, torch.ones(8, 7, dtype=torch.bool))
     with pytest.raises(ValueError, match="boolean selection must broadcast to the"):
         selection_stats(q, k, torch.ones(3, 1, 1, 8, 8, dtype=torch.bool))
-    with pytest.raises(TypeError, match="indices must have an integer dtype"):
+    with pytest.raises(TypeError, match="selection must have an integer dtype"):
         selection_stats(q, k, torch.ones(1, 8, 2))

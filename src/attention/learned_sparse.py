@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import (
@@ -78,7 +79,7 @@ __all__ = [
 
 # Each step works on a chunk of queries whose temporaries hold about this many numbers:
 # memory stays bounded whatever n is, yet the steps stay large enough to run fast.
-_CHUNK_ELEMENTS = 1 << 22
+_CHUNK_ELEMENTS = 1 << 23
 
 
 def _chunks(n: int, per_query: int):
@@ -151,12 +152,12 @@ def _check_gate(name: str, gate, query: Tensor, batch, h: int, n: int):
     return _flat(gate.expand(target), batch, 2)
 
 
-def _check_indices(indices) -> None:
-    check_tensor("indices", indices, min_dim=2)
+def _check_indices(name: str, indices) -> None:
+    check_tensor(name, indices, min_dim=2)
     if indices.dtype.is_floating_point or indices.dtype.is_complex or (
         indices.dtype == torch.bool
     ):
-        raise TypeError(f"indices must have an integer dtype, got {indices.dtype}")
+        raise TypeError(f"{name} must have an integer dtype, got {indices.dtype}")
 
 
 # --------------------------------------------------------------------------- pieces
@@ -170,7 +171,7 @@ def _mean_pool(x: Tensor, block_size: int) -> Tensor:
     if nb == 1:  # (also when the block is longer than the sequence: no padding)
         return x.mean(dim=-2, keepdim=True)
     pad = nb * block_size - n  # < block_size <= n
-    padded = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    padded = F.pad(x, (0, 0, 0, pad))
     sums = padded.unflatten(-2, (nb, block_size)).sum(dim=-2)  # (..., nb, d)
     counts = torch.full((nb, 1), float(block_size), dtype=x.dtype, device=x.device)
     if pad:
@@ -191,37 +192,50 @@ def _attend_selected(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, block_size
 
     ``q`` is ``(b, h_kv, r, n, d)`` (the query heads grouped by key head), ``k`` and
     ``v`` are ``(b, h_kv, n, d)`` and ``(b, h_kv, n, e)``; ``blocks`` is
-    ``(b, h_kv or 1, r or 1, n, s)``: block numbers, ``-1`` for an empty slot (with
+    ``(b, h_kv or 1, rows, n, s)`` with ``rows`` 1 (one list for the group's ``r``
+    heads) or ``r`` (a list per head): block numbers, ``-1`` for an empty slot (with
     ``block_size = 1`` they are key positions). Query ``t`` sees key ``j`` iff the
-    block of ``j`` is in its list and ``j <= t``. Only those keys are gathered, a chunk
-    of queries at a time. Returns ``(b, h_kv, r, n, e)``.
+    block of ``j`` is in its list and ``j <= t``. ``block_size <= n + 1``.
+
+    How: the keys and values are cut into a table of blocks; for a chunk of queries,
+    the listed blocks are copied out of it whole (``index_select``), and the heads that
+    share a list multiply them as the rows of one matrix. Memory: a chunk of queries'
+    blocks at a time. Returns ``(b, h_kv, r, n, e)``.
     """
     b, h_kv, r, n, d = q.shape
     e = v.shape[-1]
-    width = min(block_size, max(n, 1))  # a block longer than n holds at most n keys
-    m = blocks.shape[-1] * width  # keys gathered per query
-    rows = blocks.shape[-3]
-    offsets = torch.arange(width, device=q.device)
-    bi = torch.arange(b, device=q.device).view(b, 1, 1, 1, 1)
-    hi = torch.arange(h_kv, device=q.device).view(1, h_kv, 1, 1, 1)
-    pieces = []
-    per_query = b * h_kv * m * (rows * (d + e + 1) + 3 * r)
-    for t0, t1 in _chunks(n, per_query):
-        # (b, ., ., c, m): the key positions of each query's blocks
-        pos = (blocks[..., t0:t1, :, None] * block_size + offsets).flatten(-2)
-        t = torch.arange(t0, t1, device=q.device).view(-1, 1)  # (c, 1)
-        valid = (pos >= 0) & (pos <= t)  # an empty slot, or a key after the query
-        pos = pos.clamp(0, max(n - 1, 0))
-        keys = k[bi, hi, pos]  # (b, h_kv, ., c, m, d)
-        # (b, h_kv, ., c, m, e); a hidden slot's value adds nothing, even a NaN
-        vals = v[bi, hi, pos].masked_fill(~valid.unsqueeze(-1), 0.0)
-        scores = (q[..., t0:t1, None, :] @ keys.transpose(-1, -2)).squeeze(-2) * scale
-        # (b, h_kv, r, c, m)
-        weights = masked_softmax(scores.masked_fill(~valid, float("-inf")))
-        pieces.append((weights.unsqueeze(-2) @ vals).squeeze(-2))  # (b, h_kv, r, c, e)
-    if not pieces:
+    rows, s = blocks.shape[-3], blocks.shape[-1]
+    if n == 0:
         return q.new_zeros(b, h_kv, r, 0, e) + q.sum() * 0 + v.sum() * 0
-    return torch.cat(pieces, dim=-2)
+    nb = math.ceil(n / block_size)
+    pad = nb * block_size - n  # the last block's missing keys: zeros, never visible
+    k_table = F.pad(k, (0, 0, 0, pad)).reshape(b * h_kv * nb, block_size, d)
+    v_table = F.pad(v, (0, 0, 0, pad)).reshape(b * h_kv * nb, block_size, e)
+    first = torch.arange(b * h_kv, device=q.device).view(b, h_kv, 1, 1, 1) * nb
+    finite_values = bool(torch.isfinite(v).all())
+    grouped = q.unflatten(2, (rows, r // rows))  # (b, h_kv, rows, r / rows, n, d)
+    offsets = torch.arange(block_size, device=q.device)
+    m = s * block_size  # keys per query
+    pieces = []
+    for t0, t1 in _chunks(n, b * h_kv * m * (rows * (d + e + 1) + 3 * r)):
+        c = t1 - t0
+        chosen = blocks[..., t0:t1, :]  # (b, ., rows, c, s)
+        # which rows of the tables: (b, h_kv, rows, c, s), an empty slot reads block 0
+        entries = (first + chosen.clamp(min=0)).expand(b, h_kv, rows, c, s).flatten()
+        keys = k_table.index_select(0, entries).view(b, h_kv, rows, c, m, d)
+        vals = v_table.index_select(0, entries).view(b, h_kv, rows, c, m, e)
+        # (b, ., rows, c, m): the position of each gathered key
+        pos = (chosen.unsqueeze(-1) * block_size + offsets).flatten(-2)
+        t = torch.arange(t0, t1, device=q.device).view(-1, 1)  # (c, 1)
+        visible = (pos >= 0) & (pos <= t)  # not an empty slot, not after the query
+        if not finite_values:  # a hidden value must add nothing, not 0 * NaN
+            vals = vals.masked_fill(~visible.unsqueeze(-1), 0.0)
+        queries = grouped[..., t0:t1, :].transpose(-3, -2)  # (b, h_kv, rows, c, r', d)
+        scores = (queries @ keys.transpose(-1, -2)) * scale  # (b, h_kv, rows, c, r', m)
+        scores = scores.masked_fill(~visible.unsqueeze(-2), float("-inf"))
+        out = masked_softmax(scores) @ vals  # (b, h_kv, rows, c, r', e)
+        pieces.append(out.transpose(-3, -2))  # (b, h_kv, rows, r', c, e)
+    return torch.cat(pieces, dim=-2).flatten(2, 3)  # (b, h_kv, r, n, e)
 
 
 def _poison(out: Tensor, query: Tensor, key: Tensor, scale: float) -> Tensor:
@@ -258,13 +272,19 @@ def _nsa_compress_and_select(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, block_size
     nb = k_cmp.shape[-2]
     s = min(num_selected, nb)
     col = torch.arange(nb, device=q.device)  # (nb,)
+    finite_values = bool(torch.isfinite(v_cmp).all())
     outs, picks = [], []
     for t0, t1 in _chunks(n, b * h_kv * nb * (4 * r + 2)):
         t = torch.arange(t0, t1, device=q.device).view(-1, 1)  # (c, 1)
         visible = (col + 1) * block_size - 1 <= t  # (c, nb)
         scores = (q[..., t0:t1, :] @ k_cmp.unsqueeze(2).transpose(-1, -2)) * scale
         probs = masked_softmax(scores, visible)  # (b, h_kv, r, c, nb)
-        outs.append(probs @ v_cmp.unsqueeze(2))  # (b, h_kv, r, c, e)
+        if finite_values:
+            outs.append(probs @ v_cmp.unsqueeze(2))  # (b, h_kv, r, c, e)
+        else:  # a block not yet complete must add nothing, not 0 * NaN
+            # (b, h_kv, r, c, nb, e)
+            terms = probs.unsqueeze(-1) * v_cmp[:, :, None, None]
+            outs.append(terms.masked_fill(~visible.unsqueeze(-1), 0.0).sum(dim=-2))
         # one ranking per key/value group: the group's mean probability of each block
         rank = probs.detach().mean(dim=2).masked_fill(~visible, float("-inf"))
         # always kept, above any probability: own block, previous block, first block
@@ -382,7 +402,8 @@ def native_sparse_attention(
     num_selected = check_size("num_selected_blocks", num_selected_blocks)
     window_size = check_size("window_size", window_size, minimum=0)
     check_bool("return_block_indices", return_block_indices)
-    window_size = min(window_size, n)
+    # a block longer than the sequence: one block, never complete, as with n + 1
+    block_size, window_size = min(block_size, n + 1), min(window_size, n)
     out, blocks = _nsa_core(q, k, v, gates, block_size, num_selected, window_size,
                             scale_)
     out = out.reshape(*batch, *out.shape[-3:])
@@ -503,6 +524,7 @@ def moba_attention(
     top_k = check_size("top_k", top_k)
     check_bool("return_block_indices", return_block_indices)
     h, h_kv = q.shape[-3], k.shape[-3]
+    block_size = min(block_size, q.shape[-2] + 1)  # longer: one block, as with n + 1
     qg = q.unflatten(1, (h_kv, h // h_kv))  # (b, h_kv, r, n, d)
     blocks = _moba_select(qg, _mean_pool(k, block_size), block_size, top_k)
     out = _attend_selected(qg, k, v, blocks, block_size, scale_).flatten(1, 2)
@@ -804,8 +826,9 @@ def _membership(picks: Tensor, rows: range, n: int, block_size: int) -> Tensor:
     return listed[..., key_block] & (torch.arange(n, device=picks.device) <= t)
 
 
-def _check_picks(indices, block_size) -> int:
-    _check_indices(indices)
+def _check_picks(name: str, indices, block_size) -> int:
+    """Block numbers ``(..., n, s)`` in ``[-1, nb - 1]``; returns the block size."""
+    _check_indices(name, indices)
     block_size = check_size("block_size", block_size)
     n = indices.shape[-2]
     nb = math.ceil(n / block_size)
@@ -813,11 +836,11 @@ def _check_picks(indices, block_size) -> int:
         low, high = int(indices.min()), int(indices.max())
         if low < -1 or high >= nb:
             raise ValueError(
-                f"indices must lie in [-1, {nb - 1}] (-1 = an empty slot; {nb} blocks "
+                f"{name} must lie in [-1, {nb - 1}] (-1 = an empty slot; {nb} blocks "
                 f"of {block_size} positions for n = {n}), got values from {low} to "
                 f"{high}"
             )
-    return block_size
+    return min(block_size, n + 1)  # longer blocks: one block, as with n + 1
 
 
 def selection_mask(indices: Tensor, *, block_size: int = 1) -> Tensor:
@@ -844,7 +867,7 @@ def selection_mask(indices: Tensor, *, block_size: int = 1) -> Tensor:
                 [1, 1, 0],
                 [0, 0, 1]], dtype=torch.int32)
     """
-    block_size = _check_picks(indices, block_size)
+    block_size = _check_picks("indices", indices, block_size)
     n = indices.shape[-2]
     return _membership(indices.long(), range(n), n, block_size)
 
@@ -935,7 +958,7 @@ def selection_stats(
         mask = _flat(selection.expand(scores_shape), batch, 3)  # (b, h, n, n)
         picks = None
     else:
-        block_size = _check_picks(selection, block_size)
+        block_size = _check_picks("selection", selection, block_size)
         if selection.shape[-2] != n:
             raise ValueError(
                 f"selection must have one row per query: n = {n}, "
