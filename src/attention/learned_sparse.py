@@ -130,7 +130,7 @@ def _check_self_attention(query, key, value, scale):
 def _flat(t: Tensor, batch, dims: int) -> Tensor:
     """``t`` with its last ``dims`` axes kept, broadcast to the batch dims ``batch`` and
     flattened to one batch axis: ``(..., *rest)`` -> ``(b, *rest)``."""
-    rest = t.shape[t.dim() - dims:]
+    rest = t.shape[t.dim() - dims :]
     return t.expand(*batch, *rest).reshape(math.prod(batch), *rest)
 
 
@@ -143,8 +143,9 @@ def _check_gate(name: str, gate, query: Tensor, batch, h: int, n: int):
     check_same_dtype(query=query, **{name: gate})
     check_same_device(query=query, **{name: gate})
     target = (*batch, h, n)
-    if broadcast_shapes(f"{name} and the (..., h, n) queries", gate.shape,
-                        target) != torch.Size(target):
+    if broadcast_shapes(
+        f"{name} and the (..., h, n) queries", gate.shape, target
+    ) != torch.Size(target):
         raise ValueError(
             f"{name} must broadcast to the (..., h, n) = {target} queries, "
             f"got shape {tuple(gate.shape)}"
@@ -154,8 +155,10 @@ def _check_gate(name: str, gate, query: Tensor, batch, h: int, n: int):
 
 def _check_indices(name: str, indices) -> None:
     check_tensor(name, indices, min_dim=2)
-    if indices.dtype.is_floating_point or indices.dtype.is_complex or (
-        indices.dtype == torch.bool
+    if (
+        indices.dtype.is_floating_point
+        or indices.dtype.is_complex
+        or (indices.dtype == torch.bool)
     ):
         raise TypeError(f"{name} must have an integer dtype, got {indices.dtype}")
 
@@ -186,8 +189,9 @@ def _ascending(picks: Tensor) -> Tensor:
     return ordered.masked_fill(ordered == big, -1)
 
 
-def _attend_selected(q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, block_size: int,
-                     scale: float) -> Tensor:
+def _attend_selected(
+    q: Tensor, k: Tensor, v: Tensor, blocks: Tensor, block_size: int, scale: float
+) -> Tensor:
     """Each query attends to the keys of its own list of blocks, at or before it.
 
     ``q`` is ``(b, h_kv, r, n, d)`` (the query heads grouped by key head), ``k`` and
@@ -258,8 +262,14 @@ def _gated_sum(terms) -> Tensor:
 # --------------------------------------------------------------------------- NSA
 
 
-def _nsa_compress_and_select(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, block_size: int,
-                             num_selected: int, scale: float) -> tuple[Tensor, Tensor]:
+def _nsa_compress_and_select(
+    q: Tensor,
+    k_cmp: Tensor,
+    v_cmp: Tensor,
+    block_size: int,
+    num_selected: int,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
     """NSA's compressed branch and its block selection.
 
     ``q`` is ``(b, h_kv, r, n, d)``, ``k_cmp`` and ``v_cmp`` the mean-pooled blocks
@@ -306,13 +316,15 @@ def _nsa_core(q, k, v, gates, block_size, num_selected, window_size, scale):
     h_kv = k.shape[-3]
     qg = q.unflatten(1, (h_kv, h // h_kv))  # (b, h_kv, r, n, d)
     k_cmp, v_cmp = _mean_pool(k, block_size), _mean_pool(v, block_size)
-    o_cmp, blocks = _nsa_compress_and_select(qg, k_cmp, v_cmp, block_size,
-                                             num_selected, scale)
+    o_cmp, blocks = _nsa_compress_and_select(
+        qg, k_cmp, v_cmp, block_size, num_selected, scale
+    )
     o_slc = _attend_selected(qg, k, v, blocks.unsqueeze(2), block_size, scale)
     terms = [(o_cmp.flatten(1, 2), gates[0]), (o_slc.flatten(1, 2), gates[1])]
     if window_size > 0:
-        o_swa = sliding_window_attention(q, k, v, window=(window_size - 1, 0),
-                                         scale=scale, enable_gqa=True)
+        o_swa = sliding_window_attention(
+            q, k, v, window=(window_size - 1, 0), scale=scale, enable_gqa=True
+        )
         terms.append((o_swa, gates[2]))
     out = _gated_sum(terms)  # (b, h, n, e)
     if n:  # the selected branch's rows, then the compressed branch's
@@ -395,25 +407,32 @@ def native_sparse_attention(
     """
     q, k, v, batch, scale_ = _check_self_attention(query, key, value, scale)
     h, n = q.shape[-3], q.shape[-2]
-    gates = [_check_gate(name, g, query, batch, h, n) for name, g in (
-        ("gate_compressed", gate_compressed), ("gate_selected", gate_selected),
-        ("gate_window", gate_window))]
+    gates = [
+        _check_gate(name, g, query, batch, h, n)
+        for name, g in (
+            ("gate_compressed", gate_compressed),
+            ("gate_selected", gate_selected),
+            ("gate_window", gate_window),
+        )
+    ]
     block_size = check_size("block_size", block_size)
     num_selected = check_size("num_selected_blocks", num_selected_blocks)
     window_size = check_size("window_size", window_size, minimum=0)
     check_bool("return_block_indices", return_block_indices)
     # a block longer than the sequence: one block, never complete, as with n + 1
     block_size, window_size = min(block_size, n + 1), min(window_size, n)
-    out, blocks = _nsa_core(q, k, v, gates, block_size, num_selected, window_size,
-                            scale_)
+    out, blocks = _nsa_core(
+        q, k, v, gates, block_size, num_selected, window_size, scale_
+    )
     out = out.reshape(*batch, *out.shape[-3:])
     if return_block_indices:
         return out, blocks.reshape(*batch, *blocks.shape[-3:])
     return out
 
 
-def _nsa_dense_reference(query, key, value, gates, block_size, num_selected,
-                         window_size, scale=None):
+def _nsa_dense_reference(
+    query, key, value, gates, block_size, num_selected, window_size, scale=None
+):
     """NSA with every branch as dense masked attention (``(b, h, n, *)`` inputs).
 
     The selection is taken from the efficient form (it is the same ranking); each branch
@@ -421,21 +440,32 @@ def _nsa_dense_reference(query, key, value, gates, block_size, num_selected,
     attend**. For the tests.
     """
     h, n = query.shape[-3], query.shape[-2]
-    _, blocks = _nsa_core(query, key, value, (None, None, None), block_size,
-                          num_selected, 0, default_scale(scale, query.shape[-1]))
+    _, blocks = _nsa_core(
+        query,
+        key,
+        value,
+        (None, None, None),
+        block_size,
+        num_selected,
+        0,
+        default_scale(scale, query.shape[-1]),
+    )
     k_cmp, v_cmp = _mean_pool(key, block_size), _mean_pool(value, block_size)
     nb = k_cmp.shape[-2]
     complete = (torch.arange(nb) + 1) * block_size - 1 <= torch.arange(n)[:, None]
-    o_cmp = scaled_dot_product_attention(query, k_cmp, v_cmp, complete, scale=scale,
-                                         enable_gqa=True)
+    o_cmp = scaled_dot_product_attention(
+        query, k_cmp, v_cmp, complete, scale=scale, enable_gqa=True
+    )
     chosen = expand_kv_heads(selection_mask(blocks, block_size=block_size), h)
-    o_slc = scaled_dot_product_attention(query, key, value, chosen, scale=scale,
-                                         enable_gqa=True)
+    o_slc = scaled_dot_product_attention(
+        query, key, value, chosen, scale=scale, enable_gqa=True
+    )
     terms = [(o_cmp, gates[0]), (o_slc, gates[1])]
     if window_size > 0:
         band = sliding_window_mask(n, (window_size - 1, 0))
-        o_swa = scaled_dot_product_attention(query, key, value, band, scale=scale,
-                                             enable_gqa=True)
+        o_swa = scaled_dot_product_attention(
+            query, key, value, band, scale=scale, enable_gqa=True
+        )
         terms.append((o_swa, gates[2]))
     return _gated_sum(terms), blocks
 
@@ -540,8 +570,9 @@ def _moba_dense_reference(query, key, value, block_size, top_k, scale=None):
     qg = query.unflatten(1, (h_kv, h // h_kv))
     blocks = _moba_select(qg, _mean_pool(key, block_size), block_size, top_k)
     chosen = selection_mask(blocks.flatten(1, 2), block_size=block_size)  # (b, h, n, n)
-    return scaled_dot_product_attention(query, key, value, chosen, scale=scale,
-                                        enable_gqa=True)
+    return scaled_dot_product_attention(
+        query, key, value, chosen, scale=scale, enable_gqa=True
+    )
 
 
 # --------------------------------------------------------------------------- DSA
@@ -553,10 +584,12 @@ def _check_indexer(index_query, index_key, index_weights, scale, activation):
     activation."""
     check_tensor("index_query", index_query, floating=True, min_dim=3)
     check_tensor("index_key", index_key, floating=True, min_dim=2)
-    check_same_dtype(index_query=index_query, index_key=index_key,
-                     index_weights=index_weights)
-    check_same_device(index_query=index_query, index_key=index_key,
-                      index_weights=index_weights)
+    check_same_dtype(
+        index_query=index_query, index_key=index_key, index_weights=index_weights
+    )
+    check_same_device(
+        index_query=index_query, index_key=index_key, index_weights=index_weights
+    )
     h_i, n, d_i = index_query.shape[-3:]
     if index_key.dim() == index_query.dim():  # (..., 1, n, d_i): one shared key head
         if index_key.shape[-3] != 1:
@@ -587,7 +620,8 @@ def _check_indexer(index_query, index_key, index_weights, scale, activation):
             )
         shapes.append(index_weights.shape[:-2])
     batch = broadcast_shapes(
-        "the batch dims of index_query, index_key and index_weights", *shapes)
+        "the batch dims of index_query, index_key and index_weights", *shapes
+    )
     check_scale(scale)
     if activation is None:
         activation = torch.relu
@@ -601,8 +635,15 @@ def _check_indexer(index_query, index_key, index_weights, scale, activation):
     return iq, ik, iw, batch, default_scale(scale, d_i), activation
 
 
-def _index_scores(iq: Tensor, ik: Tensor, iw: Tensor | None, scale: float, activation,
-                  t0: int, t1: int) -> Tensor:
+def _index_scores(
+    iq: Tensor,
+    ik: Tensor,
+    iw: Tensor | None,
+    scale: float,
+    activation,
+    t0: int,
+    t1: int,
+) -> Tensor:
     """Index scores of queries ``t0 ... t1 - 1`` against every key: ``(b, c, n)``,
     ``-inf`` after the query: ``I[t, s] = sum_j w[j, t] act(scale q[j, t] . k[s])``,
     a weight of 1 per head when ``iw`` is None.
@@ -671,7 +712,8 @@ def lightning_index_scores(
         [[4.0, -inf, -inf], [4.0, 4.0, -inf], [4.0, 4.0, 4.0]]
     """
     iq, ik, iw, batch, scale_, activation = _check_indexer(
-        index_query, index_key, index_weights, scale, activation)
+        index_query, index_key, index_weights, scale, activation
+    )
     n = iq.shape[-2]
     scores = _index_scores(iq, ik, iw, scale_, activation, 0, n)
     return scores.reshape(*batch, n, n)
@@ -714,7 +756,8 @@ def lightning_indexer(
         [[0, -1], [0, 1], [1, 2], [1, 2]]
     """
     iq, ik, iw, batch, scale_, activation = _check_indexer(
-        index_query, index_key, index_weights, scale, activation)
+        index_query, index_key, index_weights, scale, activation
+    )
     top_k = check_size("top_k", top_k)
     picks = _indexer_core(iq, ik, iw, top_k, scale_, activation)
     return picks.reshape(*batch, *picks.shape[-2:])
@@ -773,7 +816,8 @@ def deepseek_sparse_attention(
     """
     q, k, v, batch, scale_ = _check_self_attention(query, key, value, scale)
     iq, ik, iw, index_batch, index_scale, activation = _check_indexer(
-        index_query, index_key, index_weights, None, None)
+        index_query, index_key, index_weights, None, None
+    )
     check_same_device(query=query, index_query=index_query)
     n = q.shape[-2]
     if iq.shape[-2] != n:
@@ -781,8 +825,9 @@ def deepseek_sparse_attention(
             "index_query must have one row per position of the query: n = "
             f"{n}, got {iq.shape[-2]}"
         )
-    both = broadcast_shapes("the batch dims of query and index_query", batch,
-                            index_batch)
+    both = broadcast_shapes(
+        "the batch dims of query and index_query", batch, index_batch
+    )
     if both != batch:
         raise ValueError(
             f"the index tensors' batch dims {tuple(index_batch)} must broadcast to the "
@@ -803,13 +848,15 @@ def deepseek_sparse_attention(
     return out
 
 
-def _dsa_dense_reference(query, key, value, index_query, index_key, index_weights,
-                         top_k, scale=None):
+def _dsa_dense_reference(
+    query, key, value, index_query, index_key, index_weights, top_k, scale=None
+):
     """DSA as dense attention with a mask of the selected keys (``(b, h, n, *)``)."""
     picks = lightning_indexer(index_query, index_key, index_weights, top_k=top_k)
     chosen = selection_mask(picks).unsqueeze(-3)  # (b, 1, n, n)
-    return scaled_dot_product_attention(query, key, value, chosen, scale=scale,
-                                        enable_gqa=True)
+    return scaled_dot_product_attention(
+        query, key, value, chosen, scale=scale, enable_gqa=True
+    )
 
 
 # --------------------------------------------------------------------------- measuring
@@ -949,8 +996,12 @@ def selection_stats(
     check_same_device(query=query, selection=selection)
     if selection.dtype == torch.bool:
         check_size("block_size", block_size)
-        if broadcast_shapes("selection and the (..., h, n, n) scores", selection.shape,
-                            scores_shape) != scores_shape:
+        if (
+            broadcast_shapes(
+                "selection and the (..., h, n, n) scores", selection.shape, scores_shape
+            )
+            != scores_shape
+        ):
             raise ValueError(
                 "a boolean selection must broadcast to the (..., h, n, n) scores "
                 f"{tuple(scores_shape)}, got shape {tuple(selection.shape)}"
@@ -980,8 +1031,10 @@ def selection_stats(
                 f"shape (..., h, n, d) = {tuple(query.shape)}, "
                 f"got {tuple(selection.shape)}"
             )
-        if broadcast_shapes("the batch dims of query and selection", batch,
-                            sel_batch) != batch:
+        if (
+            broadcast_shapes("the batch dims of query and selection", batch, sel_batch)
+            != batch
+        ):
             raise ValueError(
                 f"the selection's batch dims {tuple(sel_batch)} must broadcast to the "
                 f"query's {tuple(batch)}"
@@ -1007,7 +1060,8 @@ def selection_stats(
         counts.append(chosen.sum(dim=-1))
     if not masses:
         empty = q.new_zeros(q.shape[0], h, 0)
-        return SelectionStats(empty.reshape(*batch, h, 0),
-                              empty.long().reshape(*batch, h, 0))
+        return SelectionStats(
+            empty.reshape(*batch, h, 0), empty.long().reshape(*batch, h, 0)
+        )
     mass = torch.cat(masses, dim=-1).reshape(*batch, h, n)
     return SelectionStats(mass, torch.cat(counts, dim=-1).reshape(*batch, h, n))
