@@ -42,6 +42,14 @@ DOCUMENTED_API = {
     "LocalAlignment": "the module form of local_alignment (chapter 9), with learned w_p and v_p",
     "kimi_delta_attention": "the per-channel decay after gated DeltaNet, equal to fla's KDA",
     "GatedDeltaNet": "Qwen3-Next's linear-attention layer, equal to transformers' own",
+    "native_sparse_attention": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "moba_attention": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "lightning_index_scores": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "lightning_indexer": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "deepseek_sparse_attention": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "selection_mask": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "SelectionStats": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "selection_stats": "learned sparse attention (chapter 13), equal to fla-core's references",
 }
 
 

@@ -93,6 +93,16 @@ from .efficient.patterns import (
 )
 from .efficient.sparse import sliding_window_attention, block_sparse_attention
 from .efficient.approximate import lsh_attention, linformer_attention
+from .efficient.learned_sparse import (
+    native_sparse_attention,
+    moba_attention,
+    lightning_index_scores,
+    lightning_indexer,
+    deepseek_sparse_attention,
+    selection_mask,
+    SelectionStats,
+    selection_stats,
+)
 from .efficient.tiled import online_softmax, tiled_attention
 from .efficient.distributed import (
     ring_attention,
@@ -212,6 +222,14 @@ __all__ = [
     "block_sparse_attention",
     "lsh_attention",
     "linformer_attention",
+    "native_sparse_attention",
+    "moba_attention",
+    "lightning_index_scores",
+    "lightning_indexer",
+    "deepseek_sparse_attention",
+    "selection_mask",
+    "SelectionStats",
+    "selection_stats",
     "online_softmax",
     "tiled_attention",
     "ring_attention",
