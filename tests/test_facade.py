@@ -11,7 +11,9 @@ import attention
 INIT = Path(attention.__file__).read_text()
 REEXPORTED = re.findall(r"^from \.(\w+) import \*", INIT, flags=re.MULTILINE)
 # modules a reader imports by path: one chapter's toolkit, not part of the library
-STANDALONE = {"seq2seq", "triton_flash"}  # triton_flash needs the optional Triton
+# (triton_flash needs the optional Triton; exercises holds the exercise checkers,
+# course.diagrams the chapters' conceptual diagrams)
+STANDALONE = {"seq2seq", "triton_flash", "exercises", "course"}
 
 
 def _module(name):
