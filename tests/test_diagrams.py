@@ -177,3 +177,45 @@ def test_qkv_projection_draws_grids_of_the_projections_shapes():
     assert grid("Q") == grid("K") == (n, d) and grid("V") == (n, e)
     shown = {t.get_text() for t in texts(fig)}
     assert {"(n, d_model)", "(d_model, d)", "(d_model, e)", "(n, d)", "(n, e)"} <= shown
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+def test_the_primitives_place_what_they_draw_where_they_say():
+    fig, ax = _draw.canvas(7.2, 3.0, "primitives")
+    m = _draw.matrix(
+        ax,
+        (1.2, 1.4),
+        3,
+        4,
+        cell=0.3,
+        name="K",
+        shape="(j, d)",
+        values=[[0, -0.001, 1, 2]] * 3,
+        gid="m",
+    )
+    assert (m.left, m.bottom, m.width, m.height) == pytest.approx((0.6, 0.95, 1.2, 0.9))
+    assert m.east == pytest.approx((1.8, 1.4)) and m.north == pytest.approx((1.2, 1.85))
+    assert printed(fig, "m[0,1]") == "0.00"  # never "-0.00"
+    b = _draw.box(ax, (3.3, 1.6), "softmax\nper row")
+    assert b.centre == pytest.approx((3.3, 1.6)) and b.height > 0.34  # two lines
+    patch = _draw.arrow(ax, m.east, b.west, text="scores")
+    assert patch.get_path() is not None and "scores" in {
+        t.get_text() for t in texts(fig)
+    }
+    _draw.brace(ax, (0.6, 0.5), (1.8, 0.5), "4 columns", side="below")
+    _draw.bracket(ax, (4.3, 2.2), (5.5, 2.2), "a bracket", side="above")
+    fig.canvas.draw()
+    shown = {t.get_text(): t for t in texts(fig)}
+    assert (
+        shown["4 columns"].get_position()[1]
+        < 0.5
+        < shown["a bracket"].get_position()[1]
+    )
+    h = _draw.heatmap(ax, (5.0, 1.2), [[0.1, 0.9], [0.5, 0.5]], cell=0.4, gid="h")
+    bars = ax.child_axes  # inset axes in inches
+    assert len(bars) == 1 and bars[0].get_ylabel() == "weight"  # the colour bar
+    assert bars[0].get_position().x0 * 7.2 > h.right  # beside the tile, not over it
+    assert _draw.ink_on("#ffffff") == _draw.INK and _draw.ink_on("#000000") == "white"
+    assert _draw.tint("#000000", 0.25) == pytest.approx((0.75, 0.75, 0.75))
