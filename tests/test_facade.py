@@ -21,7 +21,11 @@ def _module(name):
 
 
 def test_every_public_module_is_reexported_or_standalone():
-    public = {m.name for m in pkgutil.iter_modules(attention.__path__) if not m.name.startswith("_")}
+    public = {
+        m.name
+        for m in pkgutil.iter_modules(attention.__path__)
+        if not m.name.startswith("_")
+    }
     assert set(REEXPORTED) | STANDALONE == public
     assert not set(REEXPORTED) & STANDALONE
 
@@ -46,7 +50,9 @@ def _chapter_text() -> str:
     root = Path(attention.__file__).parents[2]
     text = []
     for path in sorted((root / "chapters").glob("*.ipynb")):
-        text += ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]]
+        text += [
+            "".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]
+        ]
     text += [p.read_text() for p in sorted((root / "chapters").rglob("*.py"))]
     return "\n".join(text)
 
@@ -59,8 +65,12 @@ def test_no_duplicates_and_every_name_is_used_by_a_chapter_or_documented():
     text = _chapter_text()
     if "setup_notebook" not in text:  # an installed package without the book's sources
         return
-    unused = [n for n in names if not re.search(rf"\b{n}\b", text) and n not in DOCUMENTED_API]
-    assert not unused, f"facade names no chapter uses and DOCUMENTED_API does not list: {unused}"
+    unused = [
+        n for n in names if not re.search(rf"\b{n}\b", text) and n not in DOCUMENTED_API
+    ]
+    assert not unused, (
+        f"facade names no chapter uses and DOCUMENTED_API does not list: {unused}"
+    )
     stale = [n for n in DOCUMENTED_API if n not in names]
     assert not stale, f"DOCUMENTED_API lists names the facade no longer has: {stale}"
 

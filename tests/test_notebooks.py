@@ -16,7 +16,11 @@ CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 
 
 def code_cells(nb):
-    return [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    return [
+        c
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and "".join(c["source"]).strip()
+    ]
 
 
 def load(path):
@@ -30,7 +34,9 @@ def test_there_are_chapters():
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_stored_executed_top_to_bottom(path):
     counts = [c.get("execution_count") for c in code_cells(load(path))]
-    assert None not in counts, f"{path.name}: {counts.count(None)} code cells stored unexecuted"
+    assert None not in counts, (
+        f"{path.name}: {counts.count(None)} code cells stored unexecuted"
+    )
     assert counts == list(range(1, len(counts) + 1)), (
         f"{path.name}: execution counts {counts} are not 1..n; re-run it top to bottom in a fresh kernel"
     )
@@ -44,9 +50,17 @@ def test_outputs_are_clean(path):
             assert out["output_type"] != "error" or "raises-exception" in tags, (
                 f"{path.name} cell {n}: stored error output"
             )
-            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
-            assert not re.search(r" at 0x[0-9a-f]+", text), f"{path.name} cell {n}: memory address in output"
-            assert "/work/" not in text and "/home/" not in text and "site-packages" not in text, (
+            text = "".join(out.get("text", "")) + "".join(
+                out.get("data", {}).get("text/plain", "")
+            )
+            assert not re.search(r" at 0x[0-9a-f]+", text), (
+                f"{path.name} cell {n}: memory address in output"
+            )
+            assert (
+                "/work/" not in text
+                and "/home/" not in text
+                and "site-packages" not in text
+            ), (
                 f"{path.name} cell {n}: an absolute path in an output differs between machines"
             )
 
@@ -64,7 +78,9 @@ def test_single_title_and_no_skipped_heading_levels(path):
             m = re.match(r"^(#{1,6}) ", line)
             if m and not in_fence:
                 levels.append(len(m.group(1)))
-    assert levels and levels[0] == 1 and levels.count(1) == 1, f"{path.name}: needs exactly one '#' title, first"
+    assert levels and levels[0] == 1 and levels.count(1) == 1, (
+        f"{path.name}: needs exactly one '#' title, first"
+    )
     for a, b in zip(levels, levels[1:]):
         assert b <= a + 1, f"{path.name}: heading level jumps from {a} to {b}"
 
@@ -72,19 +88,36 @@ def test_single_title_and_no_skipped_heading_levels(path):
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_ends_with_exercises_whose_solutions_are_checked(path):
     cells = load(path)["cells"]
-    starts = [n for n, c in enumerate(cells)
-              if c["cell_type"] == "markdown" and re.search(r"^## Exercises", "".join(c["source"]), re.M)]
+    starts = [
+        n
+        for n, c in enumerate(cells)
+        if c["cell_type"] == "markdown"
+        and re.search(r"^## Exercises", "".join(c["source"]), re.M)
+    ]
     assert starts, f"{path.name}: no '## Exercises' section"
-    solutions = [n for n, c in enumerate(cells) if n > starts[-1]
-                 and c["cell_type"] == "code" and "hide-cell" in c.get("metadata", {}).get("tags", [])]
-    assert len(solutions) >= 2, f"{path.name}: fewer than 2 solution cells tagged hide-cell"
+    solutions = [
+        n
+        for n, c in enumerate(cells)
+        if n > starts[-1]
+        and c["cell_type"] == "code"
+        and "hide-cell" in c.get("metadata", {}).get("tags", [])
+    ]
+    assert len(solutions) >= 2, (
+        f"{path.name}: fewer than 2 solution cells tagged hide-cell"
+    )
     for n in solutions:
         # a function the reader writes (tagged solution) is checked by the next cell's
         # checker (tests/test_chapter_structure.py); any other solution asserts its answer
         written = "solution" in cells[n].get("metadata", {}).get("tags", [])
-        checked = "".join(cells[n + 1]["source"]) if written and n + 1 < len(cells) else ""
-        assert re.search(r"\bcheck_\w+\(", checked) if written else re.search(
-            r"\bassert\b|assert_close|report_close", "".join(cells[n]["source"])
+        checked = (
+            "".join(cells[n + 1]["source"]) if written and n + 1 < len(cells) else ""
+        )
+        assert (
+            re.search(r"\bcheck_\w+\(", checked)
+            if written
+            else re.search(
+                r"\bassert\b|assert_close|report_close", "".join(cells[n]["source"])
+            )
         ), f"{path.name}: a solution cell checks nothing"
 
 
@@ -103,8 +136,12 @@ def test_every_chapter_is_in_the_table_of_contents_and_vice_versa():
 # --- Outputs that are the same on every machine -------------------------------------------
 # A compared output (a cell not tagged nbval-ignore-output) must not depend on the CPU, the
 # BLAS code path, the thread count or flush-to-zero. These patterns catch what does.
-ROUNDING_ERROR = re.compile(r"(?<![\w.])\d\.\d+e-(0[5-9]|[1-9]\d)\b")  # 6.66e-16, 4.8e-07
-TINY_LITERAL = re.compile(r"(?<![\w.])\d+(?:\.\d+)?e-(3[89]|[4-9]\d|\d{3})\b")  # float32 subnormals and below
+ROUNDING_ERROR = re.compile(
+    r"(?<![\w.])\d\.\d+e-(0[5-9]|[1-9]\d)\b"
+)  # 6.66e-16, 4.8e-07
+TINY_LITERAL = re.compile(
+    r"(?<![\w.])\d+(?:\.\d+)?e-(3[89]|[4-9]\d|\d{3})\b"
+)  # float32 subnormals and below
 ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 
 
@@ -114,15 +151,21 @@ def compared_texts(nb):
         if "nbval-ignore-output" in cell.get("metadata", {}).get("tags", []):
             continue
         for out in cell.get("outputs", []):
-            yield n, "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            yield (
+                n,
+                "".join(out.get("text", ""))
+                + "".join(out.get("data", {}).get("text/plain", "")),
+            )
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_compared_outputs_hold_no_machine_dependent_numbers(path):
     for n, text in compared_texts(load(path)):
-        for what, pattern in (("a raw rounding-error-sized number", ROUNDING_ERROR),
-                              ("a subnormal-sized number", TINY_LITERAL),
-                              ("a memory address", ADDRESS)):
+        for what, pattern in (
+            ("a raw rounding-error-sized number", ROUNDING_ERROR),
+            ("a subnormal-sized number", TINY_LITERAL),
+            ("a memory address", ADDRESS),
+        ):
             hit = pattern.search(text)
             assert hit is None, (
                 f"{path.name} code cell {n} prints {what} ({hit.group()}): it changes with the "
@@ -136,7 +179,9 @@ def test_the_pattern_catches_what_it_should():
     assert TINY_LITERAL.search("smallest weight 8.194e-40")
     assert TINY_LITERAL.search("2.34e-43")
     assert ADDRESS.search("<Figure at 0x7f3a2b1c9d90>")
-    assert not ROUNDING_ERROR.search("agree within 1e-12")  # a stated bound, no mantissa
+    assert not ROUNDING_ERROR.search(
+        "agree within 1e-12"
+    )  # a stated bound, no mantissa
     assert not ROUNDING_ERROR.search("lr = 3.0e-03")
     assert not TINY_LITERAL.search("agree within 1e-12")
 
@@ -179,6 +224,9 @@ def test_every_chapter_opens_with_the_colab_install_cell():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "colab_cell.py"), "--check"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "colab_cell.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
