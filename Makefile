@@ -7,7 +7,7 @@
 # Two more are optional:
 #   make check  - the quick loop while editing the package: ruff, unit tests and doctests
 #                 (about a minute; no npm, no Chromium, no book build, no chapters)
-#   make lab    - open the chapters in JupyterLab from the project's environment
+#   make lab    - open the chapters and the workbook in JupyterLab from the project's environment
 # Everything is installed with the exact versions of requirements/ci-lock.txt (regenerate it
 # with scripts/lock.sh); pyproject.toml itself declares ranges.
 PYTHON ?= python3
@@ -47,10 +47,13 @@ check: $(INSTALLED)
 	$(BIN)/python -m pytest -q -n 2 tests src/attention \
 	  --ignore=tests/browser --ignore=tests/test_reader_launch.py
 
-# Open the chapters in JupyterLab, in the project's environment (the package importable).
+# Open JupyterLab on the chapters and the workbook, in the project's environment (the
+# package importable). Its file browser starts at the repository's root, where chapters/
+# and workbook/ (the chapters with their exercise solutions as stubs to fill in, written
+# by scripts/make_workbook.py) sit side by side.
 # Jupyter refuses to run as root unless told to (containers, CI): allow it there.
 lab: install
-	$(BIN)/jupyter lab chapters/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/jupyter lab --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf _build

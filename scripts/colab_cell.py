@@ -49,10 +49,11 @@ import subprocess
 import sys
 
 if importlib.util.find_spec("attention") is None:
-    source = os.environ.get(
-        "ATTENTION_COURSE_SOURCE", "attention-course[pretrained] @ git+{REPOSITORY}"
-    )
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", source], check=True)
+    repository = "{REPOSITORY}"
+    default = f"attention-course[pretrained] @ git+{{repository}}"
+    source = os.environ.get("ATTENTION_COURSE_SOURCE", default)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", source]
+    subprocess.run(pip, check=True)
     importlib.invalidate_caches()"""
 
 METADATA = {

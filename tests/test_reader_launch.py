@@ -2,7 +2,7 @@
 published book, and `pip install` beside the reader's own PyTorch.
 
 - JupyterLab: the documented command (`make lab`) starts a server whose file browser lists
-  the chapters and whose kernel imports the course package. Started headless on localhost
+  the chapters and the workbook and whose kernel imports the course package. Started headless on localhost
   with a random token, checked through its REST and kernel protocols, then stopped.
 - Colab: a chapter copied into an empty directory outside the repository runs in a fresh
   virtual environment that lacks `attention` but sees a PyTorch (this environment's, and the
@@ -174,7 +174,9 @@ def _execute(port: int, token: str, kernel_id: str, code: str) -> list[dict]:
     raise AssertionError(f"no execute_reply within 90 s: {replies}")
 
 
-def test_jupyterlab_lists_the_chapters_and_its_kernel_imports_the_package(tmp_path):
+def test_jupyterlab_lists_the_chapters_and_workbook_and_its_kernel_imports_the_package(
+    tmp_path,
+):
     assert (BIN / "jupyter-lab").exists(), (
         "JupyterLab is not installed in this environment"
     )
@@ -192,7 +194,7 @@ def test_jupyterlab_lists_the_chapters_and_its_kernel_imports_the_package(tmp_pa
             "--ip=127.0.0.1",
             f"--port={port}",
             f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={ROOT / 'chapters'}",
+            f"--ServerApp.root_dir={ROOT}",
             "--ServerApp.open_browser=False",
             "--LabApp.news_url=",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -220,11 +222,22 @@ def test_jupyterlab_lists_the_chapters_and_its_kernel_imports_the_package(tmp_pa
             raise AssertionError("JupyterLab did not answer within 60 s")
         with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=30) as r:
             assert r.status == 200 and b"JupyterLab" in r.read()
+        top = {
+            item["name"]: item["type"]
+            for item in _get(f"{base}/api/contents/", token)["content"]
+        }
+        assert top.get("chapters") == top.get("workbook") == "directory", top
         listed = {
-            item["name"] for item in _get(f"{base}/api/contents/", token)["content"]
+            item["name"]
+            for item in _get(f"{base}/api/contents/chapters", token)["content"]
         }
         chapters = {p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")}
         assert chapters and chapters <= listed
+        listed = {
+            item["name"]
+            for item in _get(f"{base}/api/contents/workbook", token)["content"]
+        }
+        assert {p.name for p in (ROOT / "workbook").glob("*.ipynb")} <= listed
         kernel = _get(
             f"{base}/api/kernels", token, method="POST", body={"name": "python3"}
         )
@@ -249,10 +262,11 @@ def test_jupyterlab_lists_the_chapters_and_its_kernel_imports_the_package(tmp_pa
 
 
 def test_makefile_documents_the_lab_command():
+    """`make lab` serves the repository's root, where chapters/ and workbook/ both are."""
     makefile = (ROOT / "Makefile").read_text()
-    assert "lab:" in makefile and "jupyter lab chapters" in makefile.replace(
-        "/jupyter-lab", " jupyter lab"
-    )
+    recipe = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    assert "jupyter lab --ServerApp.root_dir=. " in recipe
+    assert (ROOT / "chapters").is_dir() and (ROOT / "workbook").is_dir()
 
 
 @pytest.mark.parametrize("base", ["this", "torch-next"])

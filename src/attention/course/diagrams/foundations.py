@@ -1,0 +1,335 @@
+"""Diagrams of the Foundations part (chapters 1-4): projections, weights, masks.
+
+Each function returns a matplotlib Figure drawn with :mod:`._draw`; a chapter shows it
+in a cell tagged ``diagram`` and ``remove-input``. Every number and shape printed in a
+diagram is computed by the package on a tiny seeded example (``attention_weights``,
+``scaled_dot_product_attention``, the mask builders, ``torch.broadcast_shapes``), so
+the picture cannot drift from the mechanism it shows; each such text carries a ``gid``
+naming what it shows (``weights[r,c]``, ``shape:padding`` ...) for the tests.
+
+Shape legend: ``n`` tokens, ``d_model`` embedding size, ``d`` query/key size, ``e``
+value size, ``i`` queries, ``j`` keys, ``B`` batch, ``H`` heads, ``Lq``/``Lk`` query
+and key lengths. Mask convention: boolean, **True = may attend**, as in
+``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...foundations.masks import causal_mask, padding_mask
+from ...foundations.scaled_dot_product import (
+    attention_weights,
+    scaled_dot_product_attention,
+)
+from ...layers.scoring import scaled_dot_scores
+from . import _draw as draw
+
+__all__ = ["qkv_projection", "scores_to_output", "mask_broadcast"]
+
+_TOKENS = ("the", "cat", "sat", "down")
+
+
+def _shape(size: torch.Size) -> str:
+    return "(" + ", ".join(str(n) for n in size) + ")"
+
+
+def qkv_projection():
+    """X becomes Q, K and V: three learned projections of the same token vectors.
+
+    The input ``X`` ``(n, d_model)`` holds one row per token; ``W_Q``, ``W_K``
+    ``(d_model, d)`` and ``W_V`` ``(d_model, e)`` map every row to a query, a key and a
+    value. The grids have the sizes of a tiny example computed with torch
+    (``n = 4, d_model = 5, d = 3, e = 2``), so their cells match the shapes written.
+
+    Returns:
+        The Figure.
+    """
+    n, d_model, d, e = len(_TOKENS), 5, 3, 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d_model, generator=g)
+    projections = {
+        "Q": torch.randn(d_model, d, generator=g),
+        "K": torch.randn(d_model, d, generator=g),
+        "V": torch.randn(d_model, e, generator=g),
+    }
+    roles = {"Q": "query", "K": "key", "V": "value"}
+    sizes = {"Q": "d", "K": "d", "V": "e"}
+    notes = {
+        "Q": "queries: what each\ntoken is looking for",
+        "K": "keys: what each token\ncan be found by",
+        "V": "values: what each\ntoken passes on",
+    }
+    fig, ax = draw.canvas(7.2, 4.7, "Queries, keys and values: three projections of X")
+    cell = 0.2
+    xb = draw.matrix(
+        ax,
+        (1.15, 2.2),
+        *x.shape,
+        cell=cell,
+        name="$X$",
+        name_size=12,
+        shape="(n, d_model)",
+        row_labels=_TOKENS,
+        gid="X",
+    )
+    draw.label(
+        ax,
+        (xb.centre[0], xb.bottom - 0.4),
+        "one row per token",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    for row, (key, w) in zip((3.55, 2.2, 0.85), projections.items()):
+        colour = draw.ROLE[roles[key]]
+        out = x @ w  # (n, d) or (n, e): the grid has the result's shape
+        wb = draw.matrix(
+            ax,
+            (3.2, row),
+            *w.shape,
+            cell=0.16,
+            name=f"$W_{key}$",
+            name_size=12,
+            shape=f"(d_model, {sizes[key]})",
+            colour=colour,
+            gid=f"W_{key}",
+        )
+        ob = draw.matrix(
+            ax,
+            (4.85, row),
+            *out.shape,
+            cell=cell,
+            name=f"${key}$",
+            name_size=12,
+            shape=f"(n, {sizes[key]})",
+            colour=colour,
+            gid=key,
+        )
+        draw.arrow(ax, xb.east, wb.west, colour=colour)
+        draw.arrow(ax, wb.east, ob.west, text=f"$X W_{key}$", colour=colour, size=12)
+        draw.label(ax, (5.55, row), notes[key], size=draw.SMALL, ha="left")
+    return fig
+
+
+def tiny_example():
+    """The three tokens and their float64 queries, keys and values ``(3, 2)`` of
+    :func:`scores_to_output`, seeded."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, 2, generator=g, dtype=torch.float64) for _ in range(3))
+    return ("cats", "chase", "mice"), q, k, v
+
+
+def scores_to_output():
+    """Scores become weights row by row; each output row is a weighted sum of values.
+
+    Three tokens attend to each other (``d = e = 2``). The scores
+    ``S = Q K^T / sqrt(d)`` (``scaled_dot_scores``), the weights ``A = softmax(S)`` row
+    by row (``attention_weights``) and the output ``O = A V``
+    (``scaled_dot_product_attention``) are the package's own results; the row of one
+    query is outlined in all three and its output written out as a weighted sum.
+
+    Returns:
+        The Figure.
+    """
+    tokens, q, k, v = tiny_example()
+    scores = scaled_dot_scores(q, k)  # (i, j)
+    weights = attention_weights(q, k)  # (i, j)
+    out = scaled_dot_product_attention(q, k, v)  # (i, e)
+    focus = 1  # the query whose row is followed through
+
+    fig, ax = draw.canvas(
+        7.2, 3.3, "From scores to weights to a weighted sum of values"
+    )
+    cell, mid = 0.38, 1.75
+    sb = draw.matrix(
+        ax,
+        (1.2, mid),
+        3,
+        3,
+        cell=cell,
+        values=scores,
+        name="scores S",
+        shape="S = Q Kᵀ / √d   (i, j)",
+        row_labels=tokens,
+        col_labels=tokens,
+        gid="scores",
+    )
+    ab = draw.heatmap(
+        ax,
+        (3.07, mid),
+        weights,
+        cell=cell,
+        name="weights A",
+        shape="softmax of each row",
+        col_labels=tokens,
+        gid="weights",
+    )
+    draw.arrow(ax, sb.east, ab.west, text="softmax\nper row")
+    vb = draw.matrix(
+        ax,
+        (5.05, mid),
+        3,
+        2,
+        cell=cell,
+        values=v,
+        name="values V",
+        shape="(j, e)",
+        gid="values",
+        colour=draw.ROLE["value"],
+    )
+    ob = draw.matrix(
+        ax,
+        (6.3, mid),
+        3,
+        2,
+        cell=cell,
+        values=out,
+        name="output O",
+        shape="O = A V   (i, e)",
+        gid="output",
+        colour=draw.ROLE["query"],
+    )
+    draw.label(ax, (vb.left - 0.22, mid), "×", size=14)
+    draw.label(ax, ((vb.right + ob.left) / 2, mid), "=", size=14)
+    for b in (sb, ab, ob):  # the followed query's row, in every matrix
+        draw.outline(ax, draw.row(b, focus, cell))
+    terms = " + ".join(
+        f"{float(weights[focus, j]):.2f}·v({tokens[j]})" for j in range(3)
+    )
+    line = draw.label(ax, (3.6, 0.5), f"o({tokens[focus]}) = {terms}")
+    line.set_gid("sum")
+    draw.label(
+        ax,
+        (3.6, 0.24),
+        "each row of weights sums to 1, so each output row is "
+        "an average of the value rows",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def mask_broadcast():
+    """A padding mask and a causal mask broadcast to the scores' shape (B, H, Lq, Lk).
+
+    The padding mask ``(B, 1, 1, Lk)`` (``padding_mask``: the second sequence has two
+    real tokens) hides the padded keys from every query of every head; the causal mask
+    ``(1, 1, Lq, Lk)`` (``causal_mask``) hides the future from every sequence. Their
+    AND, broadcast against the scores, is one ``(Lq, Lk)`` mask per sequence and head;
+    the shapes written are computed with ``torch.broadcast_shapes``. Dark cells are
+    True (may attend), light ones False (blocked).
+
+    Returns:
+        The Figure.
+    """
+    batch, heads, length = 2, 2, 4
+    pad = padding_mask([length, 2], length)  # (B, 1, 1, Lk)
+    causal = causal_mask(length)[None, None]  # (1, 1, Lq, Lk)
+    scores = (batch, heads, length, length)
+    full = torch.broadcast_shapes(pad.shape, causal.shape, scores)
+    combined = (pad & causal).expand(full)  # (B, H, Lq, Lk)
+
+    def fills(m):
+        return [
+            [draw.MAY_ATTEND if bool(a) else draw.BLOCKED for a in row] for row in m
+        ]
+
+    def shape(xy, symbols, size, gid):
+        text = draw.label(
+            ax,
+            xy,
+            f"{symbols} = {_shape(size)}",
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            va="top",
+        )
+        text.set_gid(gid)
+
+    fig, ax = draw.canvas(
+        7.2, 4.1, "Masks broadcast to the scores' shape (B, H, Lq, Lk)"
+    )
+    cell, left_x = 0.2, 1.35
+    draw.label(ax, (left_x, 3.35), "padding mask", va="bottom", fontweight="bold")
+    for b in range(batch):
+        strip = draw.matrix(
+            ax,
+            (left_x, 3.1 - 0.4 * b),
+            1,
+            length,
+            cell=cell,
+            fills=fills(pad[b, 0]),
+            colour=draw.INK,
+            gid=f"pad{b}",
+        )
+        draw.label(
+            ax,
+            (strip.left - 0.1, strip.centre[1]),
+            f"b = {b}",
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            ha="right",
+        )
+    shape((left_x, 2.48), "(B, 1, 1, Lk)", pad.shape, "shape:padding")
+    draw.label(ax, (left_x, 1.95), "AND", size=draw.SMALL, fontweight="bold")
+    cb = draw.matrix(
+        ax,
+        (left_x, 1.0),
+        length,
+        length,
+        cell=cell,
+        colour=draw.INK,
+        fills=fills(causal[0, 0]),
+        name="causal mask",
+        gid="causal",
+    )
+    shape((left_x, cb.bottom - 0.07), "(1, 1, Lq, Lk)", causal.shape, "shape:causal")
+
+    panels = []
+    for b in range(batch):
+        for h in range(heads):
+            centre = (4.45 + 1.3 * h, 2.55 - 1.35 * b)
+            pb = draw.matrix(
+                ax,
+                centre,
+                length,
+                length,
+                cell=cell,
+                colour=draw.INK,
+                fills=fills(combined[b, h]),
+                gid=f"mask[{b},{h}]",
+            )
+            draw.label(
+                ax,
+                (pb.centre[0], pb.top + 0.06),
+                f"b = {b}, h = {h}",
+                size=draw.SMALL,
+                colour=draw.MUTED,
+                va="bottom",
+            )
+            panels.append(pb)
+    left = min(p.left for p in panels)
+    middle = (left + max(p.right for p in panels)) / 2
+    draw.arrow(ax, (2.35, 1.95), (left - 0.3, 1.95), text="broadcast")
+    draw.label(
+        ax,
+        (middle, 3.35),
+        "one (Lq, Lk) mask per sequence b and head h",
+        va="bottom",
+        fontweight="bold",
+    )
+    shape((middle, panels[-1].bottom - 0.1), "(B, H, Lq, Lk)", full, "shape:broadcast")
+    draw.label(
+        ax,
+        (middle, panels[-1].bottom - 0.34),
+        "size-1 axes repeat: the same mask for every head",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    draw.legend(
+        ax,
+        (2.45, 1.2),
+        [(draw.MAY_ATTEND, "True: may attend"), (draw.BLOCKED, "False: blocked")],
+    )
+    return fig

@@ -1,0 +1,221 @@
+"""The conceptual diagrams, attention/course/diagrams: built, sized, readable, and true.
+
+Every diagram listed in ``attention.course.diagrams.__all__`` builds, has a title, fits
+the 750 px column once cropped as a notebook stores it, keeps its text inside its card
+and no smaller than 8 pt. The numbers and shapes a diagram prints are read back from its
+text artists (by their ``gid``) and compared with an independent computation.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import struct
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+import torch.nn.functional as F
+from matplotlib.patches import Rectangle
+from matplotlib.text import Text
+
+from attention import use_course_style
+from attention.course import diagrams
+from attention.course.diagrams import _draw
+from attention.course.diagrams.foundations import tiny_example
+
+COLUMN_CSS_PX = 750
+
+
+@pytest.fixture(autouse=True)
+def style_and_close():
+    use_course_style()
+    yield
+    plt.close("all")
+
+
+def texts(fig) -> list[Text]:
+    return [
+        t
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.get_figure() is fig
+    ]
+
+
+def by_gid(fig, kind=Text) -> dict[str, object]:
+    return {a.get_gid(): a for a in fig.findobj(kind) if a.get_gid()}
+
+
+def rendered_png_width(fig) -> int:
+    """Width in pixels of the PNG a notebook stores at 100 dpi (cropped as inline)."""
+    buffer = io.BytesIO()
+    fig.savefig(
+        buffer,
+        format="png",
+        dpi=100,
+        bbox_inches="tight",
+        pad_inches=plt.rcParams["savefig.pad_inches"],
+    )
+    return struct.unpack(">I", buffer.getvalue()[16:20])[0]
+
+
+@pytest.fixture(params=diagrams.__all__)
+def figure(request):
+    return getattr(diagrams, request.param)()
+
+
+def test_every_diagram_builds_a_titled_figure(figure):
+    assert isinstance(figure, matplotlib.figure.Figure)
+    assert figure.get_suptitle().strip()
+
+
+def test_every_diagram_fits_the_column(figure):
+    assert figure.get_size_inches()[0] <= 7.5
+    assert rendered_png_width(figure) <= COLUMN_CSS_PX
+
+
+def test_no_text_is_smaller_than_8_points(figure):
+    for t in texts(figure):
+        size = t.get_fontsize()
+        if re.search(r"\$[^$]*[_^][^$]*\$", t.get_text()):
+            size *= 0.7  # a mathtext sub- or superscript is drawn at 70 %
+        assert size >= 8, f"{t.get_text()!r} is drawn at {size:.1f} pt"
+
+
+def test_every_text_lies_inside_the_card(figure):
+    figure.canvas.draw()  # lays out the colour bars' labels
+    renderer = figure.canvas.get_renderer()
+    width, height = figure.get_size_inches() * figure.dpi
+    for t in texts(figure):
+        box = t.get_window_extent(renderer)
+        inside = box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height
+        assert inside, f"{t.get_text()!r} sticks out of the diagram: {box}"
+
+
+def test_the_canvas_refuses_a_figure_wider_than_the_column():
+    with pytest.raises(ValueError, match="at most 7.4 inches wide, got 8"):
+        _draw.canvas(8, 3, "too wide")
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def printed(fig, gid: str) -> str:
+    return by_gid(fig)[gid].get_text()
+
+
+def two_decimals(x: float) -> str:
+    text = f"{x:.2f}"
+    return text[1:] if text == "-0.00" else text
+
+
+def test_scores_to_output_prints_the_packages_numbers():
+    """Scores, weights, values and output as torch computes them from the inputs."""
+    fig = diagrams.scores_to_output()
+    tokens, q, k, v = tiny_example()
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    expected = {
+        "scores": scores,
+        "weights": torch.softmax(scores, dim=-1),
+        "values": v,
+        "output": F.scaled_dot_product_attention(q, k, v),
+    }
+    for name, matrix in expected.items():
+        for r in range(matrix.shape[0]):
+            for c in range(matrix.shape[1]):
+                shown = printed(fig, f"{name}[{r},{c}]")
+                assert shown == two_decimals(float(matrix[r, c])), (name, r, c, shown)
+    weights = expected["weights"]
+    sum_line = printed(fig, "sum")
+    assert [float(w) for w in re.findall(r"(\d\.\d\d)·v", sum_line)] == [
+        round(float(w), 2) for w in weights[1]
+    ]
+    assert sum_line.startswith(f"o({tokens[1]}) = ")
+
+
+def test_mask_broadcast_shows_the_broadcast_shapes_and_masks():
+    fig = diagrams.mask_broadcast()
+    batch, heads, n = 2, 2, 4
+    lengths = torch.tensor([4, 2])
+    padding = (torch.arange(n) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
+    causal = (torch.arange(n)[None, :] <= torch.arange(n)[:, None])[None, None]
+    shapes = {
+        "shape:padding": tuple(padding.shape),
+        "shape:causal": tuple(causal.shape),
+        "shape:broadcast": (batch, heads, n, n),
+    }
+    for gid, shape in shapes.items():
+        assert printed(fig, gid).endswith(f"= {shape}"), gid
+    cells = by_gid(fig, Rectangle)
+    combined = (padding & causal).expand(batch, heads, n, n)
+    for b in range(batch):
+        for h in range(heads):
+            for r in range(n):
+                for c in range(n):
+                    fill = cells[f"mask[{b},{h}][{r},{c}]"].get_facecolor()
+                    dark = fill == matplotlib.colors.to_rgba(_draw.MAY_ATTEND)
+                    assert dark == bool(combined[b, h, r, c]), (b, h, r, c)
+
+
+def test_qkv_projection_draws_grids_of_the_projections_shapes():
+    fig = diagrams.qkv_projection()
+    cells = by_gid(fig, Rectangle)
+
+    def grid(name):
+        found = [re.fullmatch(rf"{name}\[(\d+),(\d+)\]", g) for g in cells]
+        rows_cols = [(int(m[1]), int(m[2])) for m in found if m]
+        return (max(r for r, _ in rows_cols) + 1, max(c for _, c in rows_cols) + 1)
+
+    n, d_model, d, e = 4, 5, 3, 2
+    assert grid("X") == (n, d_model)
+    assert grid("W_Q") == grid("W_K") == (d_model, d) and grid("W_V") == (d_model, e)
+    assert grid("Q") == grid("K") == (n, d) and grid("V") == (n, e)
+    shown = {t.get_text() for t in texts(fig)}
+    assert {"(n, d_model)", "(d_model, d)", "(d_model, e)", "(n, d)", "(n, e)"} <= shown
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+def test_the_primitives_place_what_they_draw_where_they_say():
+    fig, ax = _draw.canvas(7.2, 3.0, "primitives")
+    m = _draw.matrix(
+        ax,
+        (1.2, 1.4),
+        3,
+        4,
+        cell=0.3,
+        name="K",
+        shape="(j, d)",
+        values=[[0, -0.001, 1, 2]] * 3,
+        gid="m",
+    )
+    assert (m.left, m.bottom, m.width, m.height) == pytest.approx((0.6, 0.95, 1.2, 0.9))
+    assert m.east == pytest.approx((1.8, 1.4)) and m.north == pytest.approx((1.2, 1.85))
+    assert printed(fig, "m[0,1]") == "0.00"  # never "-0.00"
+    b = _draw.box(ax, (3.3, 1.6), "softmax\nper row")
+    assert b.centre == pytest.approx((3.3, 1.6)) and b.height > 0.34  # two lines
+    patch = _draw.arrow(ax, m.east, b.west, text="scores")
+    assert patch.get_path() is not None and "scores" in {
+        t.get_text() for t in texts(fig)
+    }
+    _draw.brace(ax, (0.6, 0.5), (1.8, 0.5), "4 columns", side="below")
+    _draw.bracket(ax, (4.3, 2.2), (5.5, 2.2), "a bracket", side="above")
+    fig.canvas.draw()
+    shown = {t.get_text(): t for t in texts(fig)}
+    assert (
+        shown["4 columns"].get_position()[1]
+        < 0.5
+        < shown["a bracket"].get_position()[1]
+    )
+    h = _draw.heatmap(ax, (5.0, 1.2), [[0.1, 0.9], [0.5, 0.5]], cell=0.4, gid="h")
+    bars = ax.child_axes  # inset axes in inches
+    assert len(bars) == 1 and bars[0].get_ylabel() == "weight"  # the colour bar
+    assert bars[0].get_position().x0 * 7.2 > h.right  # beside the tile, not over it
+    assert _draw.ink_on("#ffffff") == _draw.INK and _draw.ink_on("#000000") == "white"
+    assert _draw.tint("#000000", 0.25) == pytest.approx((0.75, 0.75, 0.75))
