@@ -6,8 +6,9 @@ with a fragment of the message that must name its fault. The tests below run eve
 the checker passes the solution with one ``✓`` line, fails the stub with the stub
 message, and fails each wrong solution with a one-line message naming the fault.
 
-To add a checker: write the solution, the stub and the wrong solutions under the
-chapter's heading below, then add its ``Row`` to ``ROWS``.
+To add a checker: write the solution, the stub and the wrong solutions in
+``tests/exercise_rows/chNN.py`` (one module per chapter), and its ``Row`` in that
+module's ``ROWS``.
 """
 
 from __future__ import annotations
@@ -15,118 +16,18 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 import attention.exercises
-from attention.exercises import ExerciseError, ch02
+from attention.exercises import ExerciseError
 from attention.exercises._checker import STUB_MESSAGE
-
-
-@dataclass(frozen=True)
-class Row:
-    """One checker and the reader's functions it is tried on."""
-
-    checker: Callable
-    solution: Callable
-    stub: Callable
-    wrong: tuple[
-        tuple[Callable, str], ...
-    ]  # (wrong solution, expected message fragment)
-
-
-# --------------------------------------------------------------------------- chapter 2
-
-
-def my_softmax(x, dim=-1):
-    """Softmax of x along dim, from its formula."""
-    e = torch.exp(x - x.amax(dim, keepdim=True))
-    return e / e.sum(dim, keepdim=True)
-
-
-def my_softmax_stub(x, dim=-1):
-    """Softmax of x along dim, from its formula."""
-    raise NotImplementedError("write your solution here")
-
-
-def softmax_without_the_shift(x, dim=-1):
-    e = x.exp()
-    return e / e.sum(dim, keepdim=True)
-
-
-def softmax_over_the_last_axis(x, dim=-1):
-    e = torch.exp(x - x.max(-1, keepdim=True).values)
-    return e / e.sum(-1, keepdim=True)
-
-
-def softmax_without_keepdim(x, dim=-1):
-    e = torch.exp(x - x.max(dim).values)
-    return e / e.sum(dim)
-
-
-def softmax_shifted_by_the_global_max(x, dim=-1):
-    e = torch.exp(x - x.max())
-    return e / e.sum(dim, keepdim=True)
-
-
-def my_step(m, l, scores):  # noqa: E741
-    """One online-softmax step: the new running max and running sum."""
-    m_new = torch.maximum(m, scores.max(dim=-1).values)
-    l_new = l * torch.exp(m - m_new) + torch.exp(scores - m_new.unsqueeze(-1)).sum(-1)
-    return m_new, l_new
-
-
-def my_step_stub(m, l, scores):  # noqa: E741
-    """One online-softmax step: the new running max and running sum."""
-    raise NotImplementedError("write your solution here")
-
-
-def step_without_rescaling(m, l, scores):  # noqa: E741
-    m_new = torch.maximum(m, scores.max(dim=-1).values)
-    return m_new, l + torch.exp(scores - m_new.unsqueeze(-1)).sum(-1)
-
-
-def step_with_the_block_max_only(m, l, scores):  # noqa: E741
-    m_new = scores.max(dim=-1).values
-    l_new = l * torch.exp(m - m_new) + torch.exp(scores - m_new.unsqueeze(-1)).sum(-1)
-    return m_new, l_new
-
-
-def step_without_shifting_the_block(m, l, scores):  # noqa: E741
-    m_new = torch.maximum(m, scores.max(dim=-1).values)
-    return m_new, l * torch.exp(m - m_new) + torch.exp(scores).sum(-1)
-
-
-CHAPTER_02 = [
-    Row(
-        ch02.check_softmax,
-        my_softmax,
-        my_softmax_stub,
-        (
-            (softmax_without_the_shift, "the max shift is missing"),
-            (softmax_over_the_last_axis, "dim is ignored"),
-            (softmax_without_keepdim, "use keepdim=True"),
-            (softmax_shifted_by_the_global_max, "the maximum is taken over the whole"),
-        ),
-    ),
-    Row(
-        ch02.check_online_softmax_step,
-        my_step,
-        my_step_stub,
-        (
-            (step_without_rescaling, "the old sum is not rescaled"),
-            (step_with_the_block_max_only, "forgets the running one"),
-            (step_without_shifting_the_block, "exponentials are not shifted"),
-        ),
-    ),
-]
+from exercise_rows import Row, all_rows
 
 # --------------------------------------------------------------------------- the table
 
-ROWS = [*CHAPTER_02]
+ROWS = all_rows()
 
 
 def _id(row: Row) -> str:
