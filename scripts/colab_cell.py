@@ -104,12 +104,13 @@ def main(argv: list[str]) -> int:
         if check:
             continue
         if is_install_cell(cells[n]):
-            count = cells[n].get("execution_count")
-            cells[n] = install_cell()
-            cells[n]["execution_count"] = count
+            kept = {k: cells[n][k] for k in ("id", "execution_count") if k in cells[n]}
+            cells[n] = {**install_cell(), **kept}
         else:
-            cells.insert(n, install_cell())
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            cells.insert(n, {**install_cell(), "id": "colab-install"})
+        path.write_text(
+            json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+        )
         print(f"updated {path.name} (re-execute it)")
     if check and missing:
         print("no install cell first in: " + ", ".join(missing))
