@@ -12,7 +12,8 @@ the load average it reads at its start is the previous benchmark's.
 Run: ``.venv/bin/python benchmarks/run_all.py``, or ``--only a,b`` to run some of them,
 still in the fixed order. Expected on a quiet 2-core AMD EPYC (estimated from the CPU time
 of the largest calls, one thread): mha ~1.5 min, linear ~1, tiled ~2, tiled_backward ~2.5,
-sparse ~2.5, approximate ~1, alignment ~0.3, paged ~0.2, decode ~0.7, recurrent ~1, ring ~2.5: about 15
+sparse ~2.5, approximate ~1, learned_sparse ~4,
+alignment ~0.3, paged ~0.2, decode ~0.7, recurrent ~1, ring ~2.5: about 19
 minutes in all. ``--quick`` (smoke sizes) took 6.5 minutes on the same machine at load 6-10,
 most of it the start-up of the memory probes' fresh processes.
 """
@@ -35,6 +36,7 @@ ORDER = [
     "tiled_backward",
     "sparse",
     "approximate",
+    "learned_sparse",
     "alignment",
     "paged",
     "decode",
