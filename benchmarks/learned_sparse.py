@@ -82,7 +82,7 @@ def _inputs(n: int, dtype=torch.float32):
     return q, k, v, index_q, index_k, index_w
 
 
-# ---- zero-argument callables, also built in the memory probe's subprocess -------------
+# ---- zero-argument callables, also built in the memory probe's subprocess ----------
 
 
 def sdpa_call(n: int):
@@ -209,7 +209,7 @@ def main() -> None:
     repeat = 3 if run.quick else MIN_REPEAT
     torch.set_num_threads(THREADS)
     check_against_dense()
-    # Memory first, before this process holds large tensors (see _common.peak_memory_mib).
+    # Memory first, before this process holds large tensors (_common.peak_memory_mib).
     peak = {
         name: [peak_memory_mib(f"learned_sparse:{name}_call", n=n) for n in sizes]
         for name in NAMES
