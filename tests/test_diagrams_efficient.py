@@ -1,0 +1,126 @@
+"""The Efficient-attention part's diagrams show what the package computes.
+
+tests/test_diagrams.py checks every diagram's size, title and fonts; here the cells
+and numbers of each diagram are read back (by their ``gid``) and compared with an
+independent computation: the rule of each pattern written out, MoBA's and NSA's choice
+of blocks computed by a loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from matplotlib.colors import to_rgba
+from matplotlib.patches import Rectangle
+from matplotlib.text import Text
+
+from attention import use_course_style
+from attention.course.diagrams import _draw, efficient
+
+
+@pytest.fixture(autouse=True)
+def style_and_close():
+    use_course_style()
+    yield
+    plt.close("all")
+
+
+def by_gid(fig, kind) -> dict[str, object]:
+    return {a.get_gid(): a for a in fig.findobj(kind) if a.get_gid()}
+
+
+def fills(fig, gid: str, n: int) -> list[tuple]:
+    """The face colours of the cells ``gid[0,0] ... gid[0,n-1]`` of a one-row grid."""
+    cells = by_gid(fig, Rectangle)
+    return [tuple(cells[f"{gid}[0,{j}]"].get_facecolor()) for j in range(n)]
+
+
+def rgba(colour) -> tuple:
+    return tuple(to_rgba(colour))
+
+
+# --------------------------------------------------------------------------- chapter 13
+
+
+def test_keys_a_query_sees_draws_each_patterns_rule():
+    fig = efficient.keys_a_query_sees()
+    n, query = 20, 10
+    off = query - torch.arange(n)  # query minus key
+    window = off.abs() <= 2
+    expected = {
+        "window, w = 2": window,
+        "causal window, w = 2": (off >= 0) & (off <= 2),
+        "dilated, w = 2, r = 3": (off.abs() <= 6) & (off % 3 == 0),
+        "window + global token 0": window | (torch.arange(n) == 0),
+    }
+    texts = by_gid(fig, Text)
+    hidden = rgba(_draw.BLOCKED)
+    for name, keep in expected.items():
+        shown = [colour != hidden for colour in fills(fig, f"pattern:{name}", n)]
+        assert shown == keep.tolist(), name
+        assert texts[f"count:{name}"].get_text() == f"{int(keep.sum())} keys"
+    big = fills(fig, "pattern:BigBird: + 2 random keys", n)
+    assert big[0] == rgba(_draw.ROLE["query"])  # the global token
+    assert all(big[j] == rgba(_draw.MAY_ATTEND) for j in range(8, 13))
+    randoms = [j for j in range(n) if big[j] == rgba(_draw.ROLE["value"])]
+    assert len(randoms) == 2 and all(not window[j] and j != 0 for j in randoms)
+    assert sum(c != hidden for c in big) == 8
+    assert texts["count:BigBird: + 2 random keys"].get_text() == "8 keys"
+
+
+def test_block_selection_prints_the_mean_key_scores_and_keeps_the_best_block():
+    fig = efficient.block_selection()
+    q, k, t, block, top_k = efficient.block_example()
+    assert top_k == 2  # one past block and the own block
+    n = k.shape[0]
+    own = t // block
+    scores = []
+    for c in range(own):  # a loop over the past blocks: their mean key
+        mean = sum(k[c * block + j] for j in range(block)) / block
+        scores.append(float(q[t] @ mean))
+    texts = by_gid(fig, Text)
+    for c, score in enumerate(scores):
+        assert texts[f"score[{c}]"].get_text() == f"{score:.2f}"
+    best = max(range(own), key=lambda c: scores[c])
+    kept = [(j // block in (best, own)) and j <= t for j in range(n)]
+    shown = [c == rgba(_draw.ROLE["key"]) for c in fills(fig, "chosen", n)]
+    assert shown == kept
+
+
+def test_nsa_branches_show_complete_blocks_the_selection_and_the_window():
+    fig = efficient.nsa_branches()
+    q, k, v, t, block, selected, window = efficient.nsa_example()
+    n, d = k.shape[-2:]
+    nb = n // block
+    own = t // block
+    cells = by_gid(fig, Rectangle)
+    complete = [(c + 1) * block - 1 <= t for c in range(nb)]
+    for c in range(nb):
+        colour = tuple(cells[f"pooled[{c}]"].get_facecolor())
+        assert (colour == rgba(_draw.ROLE["weight"])) == complete[c]
+    # the ranking: softmax over the complete blocks' mean keys, scaled by 1/sqrt(d)
+    scores = torch.tensor(
+        [
+            float(q[0, 0, t] @ k[0, 0, c * block : (c + 1) * block].mean(0))
+            / math.sqrt(d)
+            for c in range(nb)
+            if complete[c]
+        ]
+    )
+    forced = {0, own - 1, own}
+    free = [c for c in range(len(scores)) if c not in forced]
+    ranked = sorted(free, key=lambda c: -float(scores.softmax(0)[c]))
+    kept = forced | set(ranked[: selected - len(forced)])
+    expect = [(j // block in kept) and j <= t for j in range(n)]
+    shown = [c == rgba(_draw.ROLE["key"]) for c in fills(fig, "selected", n)]
+    assert shown == expect
+    recent = [t - window < j <= t for j in range(n)]
+    shown = [c == rgba(_draw.MAY_ATTEND) for c in fills(fig, "window", n)]
+    assert shown == recent
