@@ -59,7 +59,6 @@ NOT_YET_CONVERTED = {
     "12_sparse_attention",
     "12_gated_memory",
     "13_memory_efficient",
-    "13_sparse_attention",
     "14_distributed",
     "14_memory_efficient",
     "15_triton_flash",
