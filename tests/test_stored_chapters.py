@@ -109,7 +109,6 @@ def test_execute_chapter_runs_a_fresh_kernel_in_the_notebooks_folder(tmp_path):
 
 
 # --- The stored chapters ---------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="chapters re-stored by the lead")
 def test_stored_chapters_hold_one_output_per_stream_and_no_progress_frames():
     bad = []
     for path in CHAPTERS:
