@@ -120,10 +120,10 @@ def render(parts: list[tuple[str, list[str]]]) -> str:
         ".name { font-size: 11.5px; }",
         ".box { stroke: #666; stroke-width: 1; }",
         ".edge { fill: none; stroke: #8a8a8a; stroke-width: 1.2; }",
-        "@media (prefers-color-scheme: dark) {",
-        "  text { fill: #eee; } .num { fill: #bbb; } .box { stroke: #999; }",
-        "  .edge { stroke: #9a9a9a; } .box { fill-opacity: 0.25; } }",
         "</style>",
+        # dark text on light boxes in both colour modes: in dark mode the theme shows
+        # images on a light panel, like the chapters' figures
+        f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>',
         '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" '
         'fill="#8a8a8a"/></marker></defs>',
