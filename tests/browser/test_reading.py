@@ -213,8 +213,6 @@ def test_every_chapter_figure_has_alt_text_that_says_what_it_shows():
 
 
 # --- Chapter numbers -----------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="chapter titles gain their numbers ('# 7. Position') "
-                   "in the renumbering")
 def test_chapter_titles_tabs_and_sidebar_show_the_chapter_number():
     wrong = []
     for n, stem in enumerate(toc_chapters(), 1):
