@@ -8,6 +8,7 @@
 #   make check  - the quick loop while editing the package: ruff, unit tests and doctests
 #                 (about a minute; no npm, no Chromium, no book build, no chapters)
 #   make lab    - open the chapters and the workbook in JupyterLab from the project's environment
+#                 (installs the package on first use; no npm needed)
 # Everything is installed with the exact versions of requirements/ci-lock.txt (regenerate it
 # with scripts/lock.sh); pyproject.toml itself declares ranges.
 PYTHON ?= python3
@@ -52,7 +53,7 @@ check: $(INSTALLED)
 # and workbook/ (the chapters with their exercise solutions as stubs to fill in, written
 # by scripts/make_workbook.py) sit side by side.
 # Jupyter refuses to run as root unless told to (containers, CI): allow it there.
-lab: install
+lab: $(INSTALLED)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:

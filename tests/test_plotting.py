@@ -183,7 +183,7 @@ def test_annotations_only_on_small_matrices_in_a_font_sized_to_the_cell():
     medium = plot_attention(torch.rand(10, 10), annotate=True)
     large = plot_attention(torch.rand(20, 20), annotate=True)
     assert len(small.texts) == 9 and len(medium.texts) == 100 and not large.texts
-    assert small.texts[0].get_fontsize() > medium.texts[0].get_fontsize() >= 6.5
+    assert small.texts[0].get_fontsize() > medium.texts[0].get_fontsize() >= 8
 
 
 def test_key_labels_rotate_only_when_they_would_overlap():
@@ -260,3 +260,40 @@ def test_a_full_width_figure_stays_within_the_column_once_cropped():
     ):
         png = print_figure(fig, "png", bbox_inches="tight", base64=False)
         assert struct.unpack(">I", png[16:20])[0] <= COLUMN_CSS_PX
+
+
+TEXT_SIZES = ["font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize",
+              "ytick.labelsize", "legend.fontsize", "legend.title_fontsize",
+              "figure.titlesize", "figure.labelsize"]
+
+
+def test_course_style_sets_every_default_text_size_to_at_least_8_points():
+    from matplotlib.font_manager import FontProperties
+
+    plt.rcParams["font.size"] = 6  # a relative size would follow this down
+    use_course_style()
+    for key in TEXT_SIZES:
+        value = plt.rcParams[key]
+        assert isinstance(value, (int, float)), f"{key} is {value!r}, not an absolute size"
+        assert FontProperties(size=value).get_size_in_points() >= 8, key
+    fig, ax = plt.subplots(figsize=(6, 3))
+    im = ax.imshow(torch.rand(4, 4).numpy())
+    fig.colorbar(im, ax=ax, label="weight")
+    ax.plot([0, 1], [0, 1], label="a line")
+    ax.legend(title="legend")
+    ax.set(title="title", xlabel="x", ylabel="y")
+    ax.annotate("an annotation", (1, 1))
+    ax.text(0, 0, "a text")
+    fig.suptitle("figure title")
+    fig.supxlabel("figure x label")
+    fig.canvas.draw()
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() and t.get_visible()]
+    assert len(texts) > 12
+    assert min(t.get_fontsize() for t in texts) >= 8
+
+
+def test_annotations_of_every_annotated_size_are_at_least_8_points():
+    for n in range(1, 13):
+        ax = plot_attention(torch.rand(n, n), annotate=True)
+        assert all(t.get_fontsize() >= 8 for t in ax.texts), n
+        plt.close("all")

@@ -503,7 +503,7 @@ def test_the_repository_url_is_named_once():
     spec.loader.exec_module(colab_cell)
     assert (
         colab_cell.REPOSITORY == url.rstrip("/")
-        and f"git+{url.rstrip('/')}" in colab_cell.SOURCE
+        and f'repository = "{url.rstrip("/")}"' in colab_cell.SOURCE
     )
     # the install cell is written by the script, so every chapter names the same URL
     for path in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"):

@@ -34,12 +34,21 @@ COURSE_STYLE = {
     # figure with constrained layout within the 750 px column.
     "savefig.pad_inches": 0.04,
     "figure.figsize": (6.0, 4.0),
+    # Every default text size in points (matplotlib's own sizes, made absolute), none
+    # below 8 at the size the figure is shown: a figure fits the column, so it is shown
+    # at 100 %. Annotations and ax.text take font.size.
+    "font.size": 10,
     "axes.titlesize": 11,
     "axes.labelsize": 10,
+    "xtick.labelsize": 10,
+    "ytick.labelsize": 10,
+    "legend.fontsize": 10,
+    "legend.title_fontsize": 10,
+    "figure.titlesize": 12,
+    "figure.labelsize": 12,
     "axes.grid": False,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "font.size": 10,
     "legend.frameon": False,
     "image.cmap": "viridis",
     "lines.linewidth": 1.8,
@@ -59,9 +68,8 @@ _MATRIX_HEIGHT = (
     4.4  # inches of height for the matrices of a figure, whatever their size
 )
 _ANNOTATE_MAX = 12  # annotate matrices up to this many rows and columns
-_ANNOTATE_MIN_FONT = (
-    6.5  # points: smaller annotations are not readable, so none are drawn
-)
+# points: smaller annotations are not readable, so none are drawn
+_ANNOTATE_MIN_FONT = 8.0
 
 
 def use_course_style() -> None:
