@@ -132,6 +132,52 @@ def test_sparsemax_masks_minus_inf_and_propagates_nan():
     assert torch.isnan(sparsemax(torch.tensor([1.0, math.nan, 0.5]))).all()
 
 
+LARGE_LOGITS = [
+    ([1e8, 0.0], torch.float32, [1.0, 0.0]),
+    ([4096.0, 0.0], torch.float16, [1.0, 0.0]),
+    ([512.0, 0.0], torch.bfloat16, [1.0, 0.0]),
+    ([3e38, 3e38, 0.0], torch.float32, [0.5, 0.5, 0.0]),
+    ([-3e38, 0.0, -3e38], torch.float32, [0.0, 1.0, 0.0]),
+]
+
+
+@pytest.mark.parametrize("fn", [sparsemax, entmax15])
+@pytest.mark.parametrize("values, dtype, exact", LARGE_LOGITS)
+def test_large_logits_keep_their_answer(fn, values, dtype, exact):
+    """Both maps are invariant to a shift of the row, so the row maximum is subtracted
+    first: ``1 + k z`` and ``max z - 1`` no longer round away the 1 (which gave zeros
+    or NaN). Checked against the exact answer and, outside float16 where the package
+    itself fails, against the ``entmax`` package."""
+    x = torch.tensor(values, dtype=dtype)
+    p = fn(x)
+    assert p.dtype == dtype
+    torch.testing.assert_close(p, torch.tensor(exact, dtype=dtype), atol=0, rtol=0)
+    if dtype != torch.float16:
+        reference = getattr(entmax_package, fn.__name__)(x, dim=-1)
+        torch.testing.assert_close(p, reference)  # the package rounds 0.5 to 0.49999997
+
+
+@pytest.mark.parametrize("fn", [sparsemax, entmax15])
+def test_zero_width_rows_give_the_empty_tensor_like_softmax(fn):
+    """A row with no entries has nothing to normalise: the empty tensor comes back, as
+    ``torch.softmax`` returns it (so shapes flow through code that allows empty axes)."""
+    for x, dim in ((torch.empty(3, 0), -1), (torch.empty(0, 4), 0)):
+        p = fn(x, dim)
+        assert p.shape == x.shape == torch.softmax(x, dim).shape
+        assert p.dtype == x.dtype
+    x = torch.empty(2, 0, requires_grad=True)
+    fn(x).sum().backward()
+    assert x.grad.shape == (2, 0)
+
+
+def test_sparsemax_rows_with_plus_inf_or_only_minus_inf_are_nan_like_softmax():
+    for row in ([math.inf, 0.0], [-math.inf, -math.inf]):
+        x = torch.tensor(row)
+        assert (
+            torch.isnan(torch.softmax(x, -1)).all() and torch.isnan(sparsemax(x)).all()
+        )
+
+
 @pytest.mark.parametrize("fn", [sparsemax, entmax15])
 def test_normalisers_refuse_bad_input(fn):
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):

@@ -53,10 +53,26 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ sparsemax, entmax
+def _shifted_rows(x: Tensor, dim: int) -> Tensor:
+    """``x`` moved so ``dim`` is last, minus each row's maximum, in at least float32.
+
+    Both maps are invariant to a shift of the row, and without it ``1 + k z`` and
+    ``max z - 1`` round to ``k z`` and ``max z`` for large logits (``[1e8, 0]`` in
+    float32, ``[4096, 0]`` in float16). A row whose maximum is ``-inf`` is not shifted;
+    a ``+inf`` maximum turns the row NaN (``inf - inf``), as in ``torch.softmax``.
+    Half-precision rows are summed in float32, as torch's softmax does on the CPU.
+    """
+    z = x.transpose(dim, -1)
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
+    top = z.amax(-1, keepdim=True)
+    return z - top.masked_fill(torch.isneginf(top), 0.0)
+
+
 class _Sparsemax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
-        z = x.transpose(dim, -1)
+        z = _shifted_rows(x, dim)  # (..., n), maximum 0
         ordered, _ = torch.sort(z, dim=-1, descending=True)
         k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
         cumulative = ordered.cumsum(-1)
@@ -65,7 +81,8 @@ class _Sparsemax(torch.autograd.Function):
         tau = (cumulative.gather(-1, (support - 1).clamp(min=0)) - 1) / support
         p = torch.clamp(z - tau, min=0)
         nan_rows = torch.isnan(z).any(-1, keepdim=True)  # NaN propagates, as in softmax
-        p = torch.where(nan_rows, torch.full_like(p, math.nan), p).transpose(dim, -1)
+        p = torch.where(nan_rows, torch.full_like(p, math.nan), p)
+        p = p.to(x.dtype).transpose(dim, -1)
         ctx.save_for_backward(p)
         ctx.dim = dim
         return p
@@ -95,7 +112,11 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     :math:`k` with :math:`1 + k z_{(k)} > \sum_{l \le k} z_{(l)}` :cite:`martins2016softmax`.
     Entries below the threshold get exactly 0. The backward pass is the closed-form
     Jacobian :math:`\operatorname{diag}(s) - s s^\top / |S|` (``s`` the support indicator).
-    ``-inf`` entries get 0; a row containing NaN comes out NaN, as in ``torch.softmax``.
+    The row's maximum is subtracted first (the map is invariant to it), so large logits
+    keep their precision; half-precision inputs are computed in float32.
+    ``-inf`` entries get 0; a row containing NaN or ``+inf``, or only ``-inf``, comes out
+    NaN, as in ``torch.softmax``. A zero-width row (``x.shape[dim] = 0``) gives the
+    empty tensor back, as ``torch.softmax`` does.
 
     Args:
         x: any floating tensor, ``(..., n)`` when ``dim = -1``.
@@ -111,24 +132,25 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
         [0.6, 0.4, 0.0]
     """
     dim = _check_normalised_input(x, dim)
+    if x.shape[dim] == 0:  # nothing to normalise, as torch.softmax
+        return x.clone()
     return _Sparsemax.apply(x, dim)
 
 
 class _Entmax15(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, iterations):
-        z = x.transpose(dim, -1) / 2  # (alpha - 1) z, alpha = 1.5
-        top = z.amax(-1, keepdim=True)
-        low, high = top - 1, top  # sum p(low) >= 1 >= sum p(high)
+        z = _shifted_rows(x, dim) / 2  # (alpha - 1) z, alpha = 1.5; maximum 0
+        high = torch.zeros_like(z[..., :1])  # sum p(high) = 0 <= 1
+        low = high - 1  # sum p(low) >= 1: the maximum alone gives (0 - (-1))² = 1
         for _ in range(iterations):  # bisection on the threshold
             tau = (low + high) / 2
             too_much = torch.clamp(z - tau, min=0).square().sum(-1, keepdim=True) >= 1
             low = torch.where(too_much, tau, low)
             high = torch.where(too_much, high, tau)
         p = torch.clamp(z - (low + high) / 2, min=0).square()
-        p = (p / p.sum(-1, keepdim=True)).transpose(
-            dim, -1
-        )  # remove the last bisection slack
+        p = p / p.sum(-1, keepdim=True)  # remove the last bisection slack
+        p = p.to(x.dtype).transpose(dim, -1)
         ctx.save_for_backward(p)
         ctx.dim = dim
         return p
@@ -149,15 +171,19 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
         \operatorname{entmax}_{1.5}(z)_n = \left[\tfrac{z_n}{2} - \tau\right]_+^2,
         \qquad \tau \text{ such that } \textstyle\sum_n p_n = 1
 
-    :cite:`peters2019sparse`. The threshold :math:`\tau` is found by bisection on
-    :math:`[\max z/2 - 1, \max z/2]`, where the sum falls from at least one to zero, to the
-    precision of the input's dtype; the result is then renormalised. The backward pass is
+    :cite:`peters2019sparse`. The row's maximum is subtracted first (the map is
+    invariant to it), so :math:`\max z = 0`; the threshold :math:`\tau` is then found by
+    bisection on :math:`[-1, 0]`, where the sum falls from at least one to zero, to the
+    precision of the input's dtype (float32 for half-precision inputs, which are
+    computed in float32); the result is then renormalised. The backward pass is
     the closed-form Jacobian :math:`\operatorname{diag}(g) - g g^\top / \sum g` with
     :math:`g = \sqrt{p}`.
 
     Args:
         x: any floating tensor, ``(..., n)`` when ``dim = -1``; finite entries (use a large
-            negative number, not ``-inf``, for a masked entry).
+            negative number, not ``-inf``, for a masked entry). A row with NaN comes
+            out NaN; a zero-width row gives the empty tensor back, as in
+            ``torch.softmax``.
         dim: the axis that sums to one.
 
     Returns:
@@ -170,12 +196,15 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
         [0.8307, 0.1693, 0.0]
     """
     dim = _check_normalised_input(x, dim)
-    if torch.isinf(x).any():
+    if x.shape[dim] == 0:  # nothing to normalise, as torch.softmax
+        return x.clone()
+    if x.device.type != "meta" and torch.isinf(x).any():
         raise ValueError(
             "entmax15 needs finite inputs (its bisection starts from the row's "
             "maximum): give a masked entry a large negative number, not -inf"
         )
-    iterations = round(-math.log2(torch.finfo(x.dtype).eps)) + 4  # one bit per step
+    work = torch.promote_types(x.dtype, torch.float32)  # half precision: float32
+    iterations = round(-math.log2(torch.finfo(work).eps)) + 4  # one bit per step
     return _Entmax15.apply(x, dim, iterations)
 
 
