@@ -505,6 +505,56 @@ def test_non_finite_values_reach_only_the_rows_that_see_them(poison):
     )  # non-causal: all see it
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("chunk_size", [1, 3, 7])
+def test_decayed_chunks_show_a_non_finite_key_only_to_the_rows_after_it(
+    poison, normalize, chunk_size
+):
+    """The rule: row t sees exactly what the recurrence S_t = lambda S_{t-1} + phi(k_t)
+    v_t^T has seen, keys and values 0 ... t. A NaN or inf key or value at position 5
+    leaves rows 0-4 equal to the step-by-step recurrence and reaches rows 5-6; the
+    chunk states carried between chunks must not multiply it by a zero weight."""
+    q, k, v = qkv(7, batch=(2,), h=2)
+    k[:, :, 5, 1], v[:, :, 5, 0] = poison, poison
+    for decay in (-0.1, torch.tensor([-0.1, -0.7], dtype=torch.float64)):
+        out = linear_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            decay=decay,
+            chunk_size=chunk_size,
+            normalize=normalize,
+        )
+        state, rows = None, []
+        for t in range(7):
+            row, state = linear_attention_step(
+                q[..., t, :],
+                k[..., t, :],
+                v[..., t, :],
+                state,
+                decay=decay,
+                normalize=normalize,
+            )
+            rows.append(row)
+        torch.testing.assert_close(out[..., :5, :], torch.stack(rows, -2)[..., :5, :])
+        assert not out[..., 5:, 0].isfinite().any()
+
+
+def test_meta_inputs_with_a_float_decay_give_meta_shapes():
+    """A float decay is checked as a number, so meta tensors (no values) pass through
+    every function that takes one, and a positive decay is still refused."""
+    m = torch.empty(2, 6, 4, device="meta")
+    for fn in (linear_attention, linear_attention_naive):
+        out = fn(m, m, m, is_causal=True, decay=-0.1)
+        assert out.device.type == "meta" and out.shape == (2, 6, 4)
+    out, (S, z) = linear_attention_step(m[:, 0], m[:, 0], m[:, 0], decay=-0.1)
+    assert out.device.type == "meta" and S.shape == (2, 4, 4)
+    with pytest.raises(ValueError, match="must be <= 0, got a maximum of 0.5"):
+        linear_attention(m, m, m, is_causal=True, decay=0.5)
+
+
 def test_feature_maps_check_their_input():
     with pytest.raises(TypeError, match="x must have a floating-point dtype"):
         elu_feature_map(torch.ones(3, dtype=torch.long))

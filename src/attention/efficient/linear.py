@@ -169,14 +169,14 @@ def _check_decay(decay, query: Tensor, *, head_dim: int) -> Tensor | None:
             )
         check_has_data("decay", decay)
         g = decay.to(query.dtype)
-    else:
-        g = torch.tensor(
-            check_real("decay", decay), dtype=query.dtype, device=query.device
-        )
-    if (g > 0).any():
+        largest = g.detach().max().item() if (g > 0).any() else 0.0
+    else:  # a number is checked as a number: a meta query has no values to read
+        largest = check_real("decay", decay)
+        g = torch.tensor(largest, dtype=query.dtype, device=query.device)
+    if largest > 0:
         raise ValueError(
             "decay is the log of lambda in (0, 1] and must be <= 0, got a maximum "
-            f"of {g.detach().max().item():.4g}"
+            f"of {largest:.4g}"
         )
     # lambda = 0 (log-decay -inf) would give -inf * 0 = NaN on the diagonal; exp(-1000) is
     # already 0 in every floating dtype, so the clamp changes no weight.
@@ -484,9 +484,13 @@ def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) ->
     kv = (kc * key_weight).transpose(-2, -1) @ vc  # (..., n, f, e + 1) chunk states
     m = torch.arange(n, device=qc.device, dtype=qc.dtype)
     gap = m[:, None] - 1 - m[None, :]  # (n, n): m - 1 - l
-    carry = (g * c * gap.clamp(min=0)).exp().masked_fill(gap < 0, 0.0)  # (h, n, n)
+    later = gap < 0  # chunk l is not before chunk m: its state must not reach m
+    carry = (g * c * gap.clamp(min=0)).exp().masked_fill(later, 0.0)  # (h, n, n)
     f, e1 = kv.shape[-2:]
-    state = (carry @ kv.flatten(-2)).unflatten(-1, (f, e1))  # (..., n, f, e + 1)
+    # A masked sum, not a plain matmul: 0 x NaN would carry a NaN key or value of chunk
+    # l into the earlier chunks, which the recurrence never shows it to.
+    state = _matmul_skipping(carry, kv.flatten(-2), later)  # (..., n, f (e + 1))
+    state = state.unflatten(-1, (f, e1))  # (..., n, f, e + 1)
     query_weight = (g4 * (pos + 1)[:, None]).exp()  # (h, 1, c, 1)
     num = num.add_((qc * query_weight) @ state)  # (..., n, c, e + 1)
     return _finish(num, length, i, eps, normalize)
