@@ -187,3 +187,67 @@ def test_bad_inputs_are_refused():
         ValueError, match=r"forgetting must lie in \[0, 1\], got values"
     ):
         mem.update(k, v, forgetting=theta + 1.0)
+
+
+@pytest.mark.parametrize("bad", [[1.0, 2.0], 3, "k", None])
+@pytest.mark.parametrize("which", ["key", "value"])
+def test_forward_checks_key_and_value_not_only_query(bad, which):
+    q, k, v, _, _ = data()
+    mem = NeuralMemory(4, 3, dtype=F64)
+    args = {"key": k, "value": v} | {which: bad}
+    with pytest.raises(
+        TypeError, match=f"{which} must be a torch.Tensor, got {type(bad).__name__}"
+    ):
+        mem(q, args["key"], args["value"])
+    with pytest.raises(TypeError, match="query must have the dtype of the memory's"):
+        mem(q.float(), k, v)
+
+
+def test_per_token_rates_must_give_one_value_per_token():
+    """A rate tensor broadcasts to (..., n), one value per token; any other shape is
+    refused in update and in forward (where a 0-d tensor also works, as a number does)."""
+    q, k, v, theta, _ = data()  # (2, 9, ·)
+    mem = NeuralMemory(4, 3, dtype=F64)
+    for rate in (theta[:, :4], theta[..., None], torch.rand(3, dtype=F64)):
+        for call in (mem.update, lambda *kv, **rates: mem(q, *kv, **rates)):
+            with pytest.raises(
+                ValueError,
+                match=r"learning_rate must be a number or one value per token, a "
+                r"tensor that broadcasts to \(\.\.\., n\) = \(2, 9\), got shape",
+            ):
+                call(k, v, learning_rate=rate)
+    shared = NeuralMemory(4, 3, dtype=F64)  # (n,) and 0-d rates broadcast
+    ref = NeuralMemory(4, 3, dtype=F64)
+    torch.testing.assert_close(
+        shared(q, k, v, learning_rate=theta[0]),
+        ref(q, k, v, learning_rate=theta[0].expand(2, 9)),
+    )
+    shared.reset()
+    ref.reset()
+    torch.testing.assert_close(
+        shared(q, k, v, learning_rate=torch.tensor(0.3, dtype=F64)),
+        ref(q, k, v, learning_rate=0.3),
+    )
+
+
+def test_retrieve_with_another_batch_size_is_refused():
+    _, k, v, _, _ = data(batch=(2,))
+    mem = NeuralMemory(4, 3, dtype=F64)
+    mem.update(k, v)
+    with pytest.raises(
+        ValueError,
+        match=r"the batch dims of queries and of the memory \(set by the last update\) "
+        r"must broadcast against each other, got \(3,\) and \(2,\)",
+    ):
+        mem.retrieve(torch.randn(3, 5, 4, dtype=F64))
+
+
+def test_constructor_checks_dtype_and_device():
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str"):
+        NeuralMemory(4, 3, dtype="float64")
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype"):
+        NeuralMemory(4, 3, dtype=torch.int64)
+    with pytest.raises(TypeError, match="device must be a torch.device, a string"):
+        NeuralMemory(4, 3, device=1.5)
+    with pytest.raises(ValueError, match="device is not a valid device: 'gpu0'"):
+        NeuralMemory(4, 3, device="gpu0")

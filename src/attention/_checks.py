@@ -146,6 +146,18 @@ def check_device(name: str, device) -> torch.device | None:
         raise ValueError(f"{name} is not a valid device: {device!r} ({err})") from None
 
 
+def check_factory(device, dtype) -> dict:
+    """A module's ``device`` and ``dtype`` arguments, checked, as keyword arguments for
+    the ``torch`` factories: ``nn.Linear(d, e, **check_factory(device, dtype))``.
+
+    ``device`` as in :func:`check_device`; ``dtype`` is None (torch's default) or a
+    floating-point ``torch.dtype``.
+    """
+    device = check_device("device", device)
+    dtype = None if dtype is None else check_dtype("dtype", dtype, floating=True)
+    return {"device": device, "dtype": dtype}
+
+
 def check_generator(
     generator, device: torch.device | None = None
 ) -> torch.Generator | None:

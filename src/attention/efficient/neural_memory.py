@@ -58,10 +58,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import (
+    broadcast_shapes,
     check_choice,
+    check_factory,
     check_has_data,
     check_like,
     check_real,
+    check_same_device,
     check_size,
     check_tensor,
 )
@@ -129,7 +132,7 @@ class NeuralMemory(nn.Module):
         self.gradient_at = check_choice(
             "gradient_at", gradient_at, ("forgotten", "previous")
         )
-        kw = dict(dtype=dtype, device=device)
+        kw = check_factory(device, dtype)
         if self.hidden_dim is None:
             self.weight = nn.Parameter(torch.zeros(value_dim, key_dim, **kw))
         else:
@@ -260,6 +263,11 @@ class NeuralMemory(nn.Module):
         check_tensor("queries", queries, floating=True, min_dim=2)
         self._check_last("queries", queries, self.key_dim, "d = key_dim")
         check_like("queries", queries, "the memory's weights", self.weights[0])
+        broadcast_shapes(
+            "the batch dims of queries and of the memory (set by the last update)",
+            queries.shape[:-2],
+            self.weights[0].shape[:-2],
+        )
         return self._forward(self.weights, queries)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, **rates) -> Tensor:
@@ -269,11 +277,20 @@ class NeuralMemory(nn.Module):
         (``scale=1``). ``rates`` as in :meth:`update` (per-token tensors ``(..., n)``).
         """
         check_tensor("query", query, floating=True, min_dim=2)
+        self._check_inputs(key, value, "key", "value")
         if query.shape[:-1] != key.shape[:-1]:
             raise ValueError(
                 f"query must have the shape (..., n, d) of key, got "
                 f"{tuple(query.shape)} and {tuple(key.shape)}"
             )
+        check_like("query", query, "the memory's weights", self.weights[0])
+        bounds = {"learning_rate": None, "momentum": 1.0, "forgetting": 1.0}
+        rates = {  # checked once, as (..., n) tensors, then read a token at a time
+            name: self._rate(name, r, None, key, bounds[name])
+            if isinstance(r, Tensor) and name in bounds
+            else r
+            for name, r in rates.items()
+        }
         outputs = []
         for t in range(key.shape[-2]):
             one = {
@@ -292,18 +309,18 @@ class NeuralMemory(nn.Module):
                 f"{name} must have last dimension {what} = {size}, got {x.shape[-1]}"
             )
 
-    def _check_inputs(self, keys, values) -> None:
-        check_tensor("keys", keys, floating=True, min_dim=2)
-        check_tensor("values", values, floating=True, min_dim=2)
-        self._check_last("keys", keys, self.key_dim, "d = key_dim")
-        self._check_last("values", values, self.value_dim, "e = value_dim")
+    def _check_inputs(self, keys, values, k_name="keys", v_name="values") -> None:
+        check_tensor(k_name, keys, floating=True, min_dim=2)
+        check_tensor(v_name, values, floating=True, min_dim=2)
+        self._check_last(k_name, keys, self.key_dim, "d = key_dim")
+        self._check_last(v_name, values, self.value_dim, "e = value_dim")
         if keys.shape[:-1] != values.shape[:-1]:
             raise ValueError(
-                f"keys and values must share (..., n), got {tuple(keys.shape)} and "
-                f"{tuple(values.shape)}"
+                f"{k_name} and {v_name} must share (..., n), got {tuple(keys.shape)} "
+                f"and {tuple(values.shape)}"
             )
-        check_like("keys", keys, "the memory's weights", self.weights[0])
-        check_like("values", values, "the memory's weights", self.weights[0])
+        check_like(k_name, keys, "the memory's weights", self.weights[0])
+        check_like(v_name, values, "the memory's weights", self.weights[0])
 
     @staticmethod
     def _rate(name, given, fixed, keys, upper) -> Tensor:
@@ -314,6 +331,16 @@ class NeuralMemory(nn.Module):
             given = _check_rate(name, given, upper=upper)
             return keys.new_full(keys.shape[:-1], given)
         check_tensor(name, given, floating=True)
+        check_same_device(keys=keys, **{name: given})
+        target = tuple(keys.shape[:-1])
+        if given.dim() > len(target) or any(
+            g not in (1, t)
+            for g, t in zip(reversed(given.shape), reversed(target), strict=False)
+        ):
+            raise ValueError(
+                f"{name} must be a number or one value per token, a tensor that "
+                f"broadcasts to (..., n) = {target}, got shape {tuple(given.shape)}"
+            )
         check_has_data(name, given)
         if ((given < 0) | (given > (upper if upper is not None else torch.inf))).any():
             raise ValueError(
