@@ -127,6 +127,39 @@ def test_circuits_from_matrices():
             ValueError,
             "at least 2 dimensions",
         ),
+        (
+            lambda: qk_circuit(torch.ones(2, 4, 2), torch.ones(3, 4, 2)),
+            ValueError,
+            r"the batch dims of w_query and w_key must broadcast against each other, "
+            r"got \(2,\) and \(3,\)",
+        ),
+        (
+            lambda: ov_circuit(torch.ones(2, 4, 2), torch.ones(3, 2, 4)),
+            ValueError,
+            r"the batch dims of w_value and w_out must broadcast against each other",
+        ),
+        (
+            lambda: qk_circuit(torch.ones(4, 2), torch.ones(4, 2, dtype=F64)),
+            TypeError,
+            "w_query and w_key must share a dtype, got torch.float32 and torch.float64",
+        ),
+        (
+            lambda: copying_score(torch.ones(2, 4, 2), torch.ones(3, 2, 4)),
+            ValueError,
+            r"the batch dims of circuit and factor 0 must broadcast against each other",
+        ),
+        (
+            lambda: copying_score(
+                torch.ones(3, 4, 2), torch.ones(2, 4), torch.ones(2, 4, 4)
+            ),
+            ValueError,
+            r"the batch dims of the product so far and factor 1 must broadcast",
+        ),
+        (
+            lambda: copying_score(torch.ones(4, 2), torch.ones(2, 4, dtype=F64)),
+            TypeError,
+            "circuit and factor 0 must share a dtype",
+        ),
     ],
 )
 def test_circuit_bad_inputs(call, error, message):
@@ -157,6 +190,35 @@ def test_composition_score_is_one_for_aligned_rank_one_maps():
     assert_close(composition_score(ov, ov, kind="k"), torch.tensor(1.0, dtype=F64))
 
 
+@pytest.mark.parametrize("kind", ["q", "k", "v"])
+@pytest.mark.parametrize(
+    "first, second, dtype",
+    [
+        (1e20, 1e20, torch.float32),
+        (1e-30, 1e-30, torch.float32),
+        (1e-30, 1.0, torch.float32),
+        (3e4, 3e4, torch.float16),
+        (1e300, 1e-300, F64),
+    ],
+)
+def test_composition_score_is_scale_invariant(kind, first, second, dtype):
+    """The score of two matrices equals the score of any positive multiples of them:
+    eye(4) against eye(4) scores |I|_F / (|I|_F |I|_F) = 1/2 at every scale, even where
+    the product of the norms overflows or underflows the dtype; random matrices score
+    as in float64 at scale one."""
+    eye = torch.eye(4, dtype=dtype)
+    got = composition_score(eye * first, eye * second, kind=kind)
+    assert_close(got, torch.tensor(0.5, dtype=dtype))
+    g = _gen(5)
+    ov, m = torch.randn(3, 4, 4, generator=g, dtype=F64).unbind(0)[:2]
+    scaled = composition_score(
+        (ov * first).to(dtype), (m * second).to(dtype), kind=kind
+    )
+    assert_close(
+        scaled.double(), composition_score(ov, m, kind=kind), atol=2e-3, rtol=0
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
@@ -170,6 +232,17 @@ def test_composition_score_is_one_for_aligned_rank_one_maps():
             {"circuit_second": torch.ones(3, 4)},
             ValueError,
             "circuit_second must be square",
+        ),
+        (
+            {"ov_first": torch.ones(2, 4, 4), "circuit_second": torch.ones(3, 4, 4)},
+            ValueError,
+            r"the batch dims of ov_first and circuit_second must broadcast against "
+            r"each other, got \(2,\) and \(3,\)",
+        ),
+        (
+            {"circuit_second": torch.ones(4, 4, dtype=F64)},
+            TypeError,
+            "ov_first and circuit_second must share a dtype",
         ),
     ],
 )
@@ -498,6 +571,25 @@ def test_ablation_and_weights_hook():
         ({"ablate": [0]}, TypeError, r"ablate must hold \(layer, head\) pairs"),
         ({"weights_hook": 3}, TypeError, "weights_hook must be callable"),
         (
+            {"weights_hook": lambda layer, w: w.tolist()},
+            TypeError,
+            "the maps weights_hook returned for layer 0 must be a torch.Tensor, "
+            "got list",
+        ),
+        (
+            {"weights_hook": lambda layer, w: w[..., :2]},
+            ValueError,
+            r"the maps weights_hook returned for layer 0 must have the shape "
+            r"\(b, h, n, n\) = \(1, 3, 3, 3\) of the maps it replaces, got "
+            r"\(1, 3, 3, 2\)",
+        ),
+        (
+            {"weights_hook": lambda layer, w: w.float()},
+            TypeError,
+            r"the maps weights_hook returned for layer 0 must have the dtype of the "
+            r"layer's maps \(torch.float64\)",
+        ),
+        (
             {"tokens": torch.zeros(7, dtype=torch.long)},
             ValueError,
             r"tokens must be \(b, n\)",
@@ -525,3 +617,11 @@ def test_model_bad_construction():
         AttentionOnlyTransformer(5, 10, 3, 1, max_len=4)
     with pytest.raises(ValueError, match="num_layers must be >= 0"):
         AttentionOnlyTransformer(5, 4, 2, -1, max_len=4)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str"):
+        AttentionOnlyTransformer(5, 4, 2, dtype="float64")
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype"):
+        AttentionOnlyTransformer(5, 4, 2, dtype=torch.int64)
+    with pytest.raises(TypeError, match="device must be a torch.device, a string"):
+        AttentionOnlyTransformer(5, 4, 2, device=[0])
+    with pytest.raises(ValueError, match="device is not a valid device: 'gpu0'"):
+        AttentionOnlyTransformer(5, 4, 2, device="gpu0")

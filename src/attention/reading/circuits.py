@@ -39,10 +39,14 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import (
+    broadcast_shapes,
     check_bool,
     check_choice,
+    check_factory,
     check_int,
+    check_like,
     check_same_device,
+    check_same_dtype,
     check_tensor,
 )
 from .._core import masked_softmax, top_left_causal
@@ -106,8 +110,20 @@ def _pair(
                 f"got {second_name}=None"
             )
         check_tensor(arg_name, t, floating=True, min_dim=2)
-    check_same_device(**{first_name: first, second_name: second})
+    _check_product(first_name, first, second_name, second)
     return first, second
+
+
+def _check_product(first_name: str, first: Tensor, second_name: str, second: Tensor):
+    """Two stacks of matrices ``(..., r, c)`` that a batched matmul can multiply: one
+    dtype, one device, batch dims that broadcast (the inner sizes are the caller's)."""
+    check_same_dtype(**{first_name: first, second_name: second})
+    check_same_device(**{first_name: first, second_name: second})
+    broadcast_shapes(
+        f"the batch dims of {first_name} and {second_name}",
+        first.shape[:-2],
+        second.shape[:-2],
+    )
 
 
 def qk_circuit(w_query, w_key: Tensor | None = None) -> Tensor:
@@ -212,7 +228,9 @@ def composition_score(
         kind: ``"q"``, ``"k"`` or ``"v"``.
 
     Returns:
-        ``(...)``, the broadcast leading dims.
+        ``(...)``, the broadcast leading dims; NaN where a matrix is zero (the score
+        is 0 / 0 there). Scaling either matrix leaves the score unchanged; each is
+        divided by its largest entry first, so huge or tiny matrices score as well.
 
     Example:
         >>> ov = torch.eye(4)
@@ -227,10 +245,14 @@ def composition_score(
             "ov_first and circuit_second must act on the same model size D, "
             f"got shapes {tuple(ov_first.shape)} and {tuple(circuit_second.shape)}"
         )
-    check_same_device(ov_first=ov_first, circuit_second=circuit_second)
+    _check_product("ov_first", ov_first, "circuit_second", circuit_second)
     second = circuit_second.transpose(-2, -1) if kind == "k" else circuit_second
+    # The score does not change when either matrix is scaled: divide each by its
+    # largest entry first, so the norms neither overflow (1e20) nor underflow (1e-30).
+    first = ov_first / ov_first.detach().abs().amax((-2, -1), keepdim=True)
+    second = second / second.detach().abs().amax((-2, -1), keepdim=True)
     norm = torch.linalg.matrix_norm
-    return norm(ov_first @ second) / (norm(ov_first) * norm(second))
+    return norm(first @ second) / (norm(first) * norm(second))
 
 
 def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
@@ -261,7 +283,8 @@ def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
         ):
             check_tensor(name, t, floating=True, min_dim=2)
         for k, f in enumerate(factors):
-            check_same_device(circuit=circuit, factor=f)
+            so_far = "circuit" if k == 0 else "the product so far"
+            _check_product(so_far, circuit, f"factor {k}", f)
             if f.shape[-2] != circuit.shape[-1]:
                 raise ValueError(
                     f"factor {k} of shape {tuple(f.shape)} cannot multiply a product of shape "
@@ -465,6 +488,18 @@ def duplicate_token_score(
 # --------------------------------------------------------------------------- the model
 
 
+def _check_replaced(replaced, weights: Tensor, layer: int) -> None:
+    """What a ``weights_hook`` returned must stand in for the ``(b, h, n, n)`` maps."""
+    name = f"the maps weights_hook returned for layer {layer}"
+    check_tensor(name, replaced, floating=True)
+    check_like(name, replaced, "the layer's maps", weights)
+    if replaced.shape != weights.shape:
+        raise ValueError(
+            f"{name} must have the shape (b, h, n, n) = {tuple(weights.shape)} of the "
+            f"maps it replaces, got {tuple(replaced.shape)} (or return None to keep them)"
+        )
+
+
 @dataclass(frozen=True)
 class AttentionOnlyTrace:
     """Everything one forward pass of :class:`AttentionOnlyTransformer` computed.
@@ -540,7 +575,7 @@ class AttentionOnlyTransformer(nn.Module):
             raise ValueError(
                 f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}"
             )
-        factory = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype)
         self.embed = nn.Embedding(vocab_size, embed_dim, **factory)
         self.pos_embed = nn.Embedding(max_len, embed_dim, **factory)
         self.layers = nn.ModuleList(
@@ -611,7 +646,9 @@ class AttentionOnlyTransformer(nn.Module):
             )  # (b, h, n, n)
             if weights_hook is not None:
                 replaced = weights_hook(index, weights)
-                weights = weights if replaced is None else replaced
+                if replaced is not None:
+                    _check_replaced(replaced, weights, index)
+                    weights = replaced
             w_o = layer.w_out.weight.reshape(self.embed_dim, h, d)  # (D, h, d)
             per_head = torch.einsum("bhid,Dhd->bhiD", weights @ v, w_o)  # (b, h, n, D)
             off = [head for (lay, head) in heads if lay == index]
@@ -645,7 +682,8 @@ class AttentionOnlyTransformer(nn.Module):
             ablate: ``(layer, head)`` pairs whose contribution to the stream is zeroed.
             weights_hook: ``f(layer, weights) -> weights or None``, called with each
                 layer's ``(b, h, n, n)`` maps before they mix the values; a returned
-                tensor replaces them (e.g. to patch or scramble a pattern).
+                tensor of the same shape, dtype and device replaces them (e.g. to
+                patch or scramble a pattern).
 
         Returns:
             ``logits`` ``(b, n, V)``, or ``(logits, weights)`` with weights
