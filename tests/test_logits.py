@@ -121,6 +121,31 @@ def test_qk_norm_formula_bound_and_qwen3():
     torch.testing.assert_close(scores, 4.0 * cos, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "value, dtype",
+    [
+        (1e30, torch.float32),
+        (1e-30, torch.float32),
+        (300.0, torch.float16),
+        (1e30, torch.bfloat16),
+        (1e300, D64),
+    ],
+)
+def test_qk_norm_of_huge_or_tiny_rows_is_the_float64_answer(value, dtype):
+    """x / sqrt(mean(x²) + eps) for rows whose square overflows or underflows the dtype:
+    the answer computed in float64 (x.square() alone gave zeros for 1e30 in float32)."""
+    x = torch.tensor([[1.0, -2.0, 0.5, 3.0]], dtype=D64) * value
+    for eps in (0.0, 1e-6):
+        expected = x / (x.square().mean(-1, keepdim=True) + eps).sqrt()
+        if value == 1e300:  # its square overflows float64 too: RMS by hand
+            expected = x / (value * math.sqrt((1 + 4 + 0.25 + 9) / 4))
+        got = qk_norm(x.to(dtype), eps=eps)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=0)
+    assert (qk_norm(torch.zeros(2, 4)) == 0).all()  # eps > 0 keeps a zero row at 0
+    assert qk_norm(torch.empty(3, 0)).shape == (3, 0)
+
+
 def test_bad_arguments():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="cap must be finite and > 0, got 0.0"):

@@ -64,7 +64,9 @@ def qk_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6) -> Te
     Without ``weight`` and with :math:`\epsilon = 0`, every row has length :math:`\sqrt d`,
     so :math:`\hat q \cdot \hat k / \sqrt d = \sqrt d \cos(q, k)` lies in
     :math:`[-\sqrt d, \sqrt d]` (Henry et al. learn the scale instead; ViT-22B uses
-    LayerNorm, which also subtracts the mean).
+    LayerNorm, which also subtracts the mean). The mean square is taken of ``x`` divided
+    by its largest entry, so rows whose square overflows or underflows the dtype
+    (``1e30`` in float32, ``300`` in float16) are normalised too.
 
     Args:
         x: ``(..., d)`` queries or keys, e.g. ``(b, h, i, d)``.
@@ -89,7 +91,14 @@ def qk_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6) -> Te
             raise ValueError(
                 f"weight must have shape (d,) = ({x.shape[-1]},), got {tuple(weight.shape)}"
             )
-    normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)  # (..., d)
+    if x.shape[-1] == 0:  # no entries to normalise (amax refuses an empty axis)
+        return x.clone() if weight is None else x * weight
+    # The root mean square of x / top, times top: x.square() alone overflows (1e30 in
+    # float32, 300 in float16) and gave zeros. A zero or non-finite row keeps top = 1.
+    top = x.detach().abs().amax(dim=-1, keepdim=True)  # (..., 1)
+    top = torch.where(torch.isfinite(top) & (top > 0), top, torch.ones_like(top))
+    rms = top * (x / top).square().mean(dim=-1, keepdim=True).sqrt()  # (..., 1)
+    normed = x / torch.hypot(rms, rms.new_tensor(eps).sqrt())  # sqrt(rms² + eps)
     return normed if weight is None else normed * weight
 
 
