@@ -248,6 +248,17 @@ def test_ranks_that_do_not_fit():
         )
 
 
+def test_constructor_checks_dtype_and_device():
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str"):
+        MultiHeadLatentAttention(16, 4, dtype="float64", **DIMS)
+    with pytest.raises(TypeError, match="dtype must be a floating-point dtype"):
+        MultiHeadLatentAttention(16, 4, dtype=torch.int64, **DIMS)
+    with pytest.raises(TypeError, match="device must be a torch.device, a string"):
+        MultiHeadLatentAttention(16, 4, device=1.5, **DIMS)
+    with pytest.raises(ValueError, match="device is not a valid device: 'gpu0'"):
+        MultiHeadLatentAttention(16, 4, device="gpu0", **DIMS)
+
+
 def test_former_rope_spelling_warns_and_equals_the_config():
     torch.manual_seed(0)
     new = MultiHeadLatentAttention(

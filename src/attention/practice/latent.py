@@ -40,6 +40,7 @@ from .._cache import LinearCache, buffer_kind
 from .._checks import (
     check_bool,
     check_dtype,
+    check_factory,
     check_int,
     check_like,
     check_real,
@@ -278,7 +279,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.scale = (
             p + q
         ) ** -0.5  # DeepSeek's own spelling, bit for bit (not 1 / sqrt)
-        fac = {"device": device, "dtype": dtype}
+        fac = check_factory(device, dtype)
         if q_lora_rank is None:
             self.w_query = nn.Linear(embed_dim, h * (p + q), bias=False, **fac)
         else:
