@@ -690,3 +690,23 @@ def test_rotary_config_is_validated_frozen_and_rotates_as_apply_rope():
         RotaryConfig(scaling={"type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match="base must be finite and > 0, got nan"):
         RotaryConfig(base=math.nan)
+
+
+def test_rotary_config_with_scaling_is_hashable_and_keeps_its_own_copy():
+    """A frozen dataclass is hashed from its fields, so the scaling dict is stored as a
+    read-only, hashable copy that reads and compares like the dict it was given."""
+    given = {"type": "linear", "factor": 2.0}
+    rope = RotaryConfig(scaling=given)
+    same = RotaryConfig(scaling={"factor": 2, "type": "linear"})
+    assert rope == same and hash(rope) == hash(same) and len({rope, same}) == 1
+    assert hash(rope) != hash(RotaryConfig(scaling={"type": "ntk", "factor": 2.0}))
+    given["factor"] = 8.0  # the caller's dict changes, the config does not
+    assert rope.scaling == {"type": "linear", "factor": 2.0}
+    assert rope.scaling["factor"] == 2.0 and dict(rope.scaling) == rope.scaling
+    with pytest.raises(TypeError):
+        rope.scaling["factor"] = 4.0
+    assert "scaling={'type': 'linear', 'factor': 2.0}" in repr(rope)
+    x = _randn(2, 5, 8, seed=5)
+    assert torch.equal(
+        rope.rotate(x), apply_rope(x, scaling={"type": "linear", "factor": 2.0})
+    )

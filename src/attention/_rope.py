@@ -10,6 +10,7 @@ validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,7 @@ def _check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
     """Normalise a ``scaling`` dict to ``(type, factor)``; None stays None."""
     if scaling is None:
         return None
-    if not isinstance(scaling, dict):
+    if not isinstance(scaling, Mapping):
         raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
     unknown = set(scaling) - {"type", "rope_type", "factor"}
     if unknown:
@@ -168,6 +169,30 @@ def rotate(x, positions, base, interleaved, scaling) -> Tensor:
     return _apply_rope(x, positions, base, interleaved, scaling)
 
 
+class _FrozenScaling(Mapping):
+    """A read-only, hashable copy of a ``scaling`` dict, so a frozen
+    :class:`RotaryConfig` holding one can be hashed (a set member, a dict key, a cache
+    key). It reads like the dict it copies and equals it."""
+
+    def __init__(self, scaling: Mapping) -> None:
+        self._items = dict(scaling)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
 @dataclass(frozen=True)
 class RotaryConfig:
     """The options of a rotary position embedding (RoPE), in one object.
@@ -183,7 +208,8 @@ class RotaryConfig:
         interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
             ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's, DeepSeek's layout).
         scaling: None, ``{"type": "linear", "factor": s}`` or ``{"type": "ntk", "factor": s}``
-            (see :func:`attention.rope_frequencies`).
+            (see :func:`attention.rope_frequencies`). Stored as a read-only copy that
+            reads and compares like the dict and is hashable, so the config is too.
 
     Example:
         >>> from attention import RotaryConfig, apply_rope
@@ -195,16 +221,14 @@ class RotaryConfig:
 
     base: float = 10000.0
     interleaved: bool = False
-    scaling: dict | None = None
+    scaling: Mapping | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base", _check_base(self.base))
         check_bool("interleaved", self.interleaved)
         _check_scaling(self.scaling, None)
-        if (
-            self.scaling is not None
-        ):  # a private copy: the frozen config cannot change under us
-            object.__setattr__(self, "scaling", dict(self.scaling))
+        if self.scaling is not None:  # a frozen copy: the config cannot change under us
+            object.__setattr__(self, "scaling", _FrozenScaling(self.scaling))
 
     def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """:func:`attention.apply_rope` of ``x`` ``(..., n, d)`` with these options."""
