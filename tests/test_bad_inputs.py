@@ -17,7 +17,9 @@ from attention import (
     KVCache,
     LatentKVCache,
     LocalAlignment,
+    NeuralMemory,
     PagedKVCache,
+    RotaryConfig,
     StreamingKVCache,
     alibi_bias,
     alibi_slopes,
@@ -34,6 +36,7 @@ from attention import (
     relative_position_bucket,
     ring_attention,
     rope_frequencies,
+    scaled_dot_product_attention,
     sinusoidal_positions,
     soft_cap,
     tiled_attention,
@@ -50,6 +53,7 @@ from attention.practice.pretrained import (
     trace_attention,
 )
 from attention.practice.sinks import sink_attention_weights, streaming_mask
+from attention.reading.weights import differential_attention, sigmoid_attention
 
 NAN = math.nan
 X = torch.randn(2, 3, 4, 8)
@@ -465,3 +469,44 @@ def test_meta_tensors_pass_through_like_torch():
         k, k, v, num_buckets=2, chunk_size=3, generator=torch.Generator().manual_seed(0)
     )
     assert out.device.type == "meta" and out.shape == (2, 6, 3)
+
+
+HUGE = 10**400  # an int that no float holds: float(HUGE) raises OverflowError
+X2 = torch.randn(3, 4)
+HUGE_REALS = {
+    "scaled_dot_product_attention scale": lambda: scaled_dot_product_attention(
+        X2, X2, X2, scale=HUGE
+    ),
+    "sinusoidal_positions base": lambda: sinusoidal_positions(4, 4, base=HUGE),
+    "rope_frequencies base": lambda: rope_frequencies(4, base=HUGE),
+    "apply_rope base": lambda: apply_rope(X2, base=-HUGE),
+    "RotaryConfig base": lambda: RotaryConfig(base=HUGE),
+    "RotaryConfig scaling factor": lambda: RotaryConfig(
+        scaling={"type": "linear", "factor": HUGE}
+    ),
+    "linear_attention eps": lambda: linear_attention(X2, X2, X2, eps=HUGE),
+    "linear_attention decay": lambda: linear_attention(
+        X2, X2, X2, is_causal=True, decay=-HUGE
+    ),
+    "soft_cap cap": lambda: soft_cap(X2, HUGE),
+    "qk_norm eps": lambda: qk_norm(X2, eps=HUGE),
+    "cosine_scores eps": lambda: cosine_scores(X2, X2, eps=HUGE),
+    "local_window half_width": lambda: local_window(torch.tensor([1.0]), 5, HUGE),
+    "sigmoid_attention bias": lambda: sigmoid_attention(X2, X2, X2, bias=HUGE),
+    "differential_attention lam": lambda: differential_attention(
+        X2, X2, X2, X2, X2, HUGE
+    ),
+    "NeuralMemory learning_rate": lambda: NeuralMemory(4, 3, learning_rate=HUGE),
+}
+
+
+@pytest.mark.parametrize("call", list(HUGE_REALS.values()), ids=list(HUGE_REALS))
+def test_a_real_too_large_for_a_float_is_a_value_error(call):
+    """Every real parameter goes through check_real, which names the parameter and the
+    rule instead of letting float() raise OverflowError."""
+    with pytest.raises(
+        ValueError,
+        match=r"must be a number a float can hold \(magnitude at most 1.798e\+308\), "
+        r"got int of about 1e400",
+    ):
+        call()

@@ -11,11 +11,14 @@ from attention._checks import (
     check_device,
     check_dim,
     check_dtype,
+    check_factory,
     check_generator,
     check_int,
     check_like,
+    check_positive,
     check_probability,
     check_qkv,
+    check_real,
     check_same_device,
     check_scale,
     check_size,
@@ -223,6 +226,32 @@ BAD = {
         TypeError,
         "value must be a torch.Tensor, got NoneType",
     ),
+    "real too large for a float": (
+        lambda: check_scale(10**400),
+        ValueError,
+        r"scale must be a number a float can hold \(magnitude at most 1.798e\+308\), "
+        "got int of about 1e400",
+    ),
+    "positive too large for a float": (
+        lambda: check_positive("base", -(10**400)),
+        ValueError,
+        "base must be a number a float can hold .* got int of about 1e400",
+    ),
+    "factory dtype": (
+        lambda: check_factory(None, "float32"),
+        TypeError,
+        "dtype must be a torch.dtype, got str 'float32'",
+    ),
+    "factory integer dtype": (
+        lambda: check_factory(None, torch.int64),
+        TypeError,
+        "dtype must be a floating-point dtype, got torch.int64",
+    ),
+    "factory device": (
+        lambda: check_factory("gpu7", None),
+        ValueError,
+        "device is not a valid device: 'gpu7'",
+    ),
 }
 
 
@@ -241,6 +270,12 @@ def test_checks_return_the_clean_value():
     assert check_dim("dim", -1, 3) == 2
     assert check_device("device", "cpu") == torch.device("cpu")
     assert check_probability("p", 0) == 0.0
+    assert check_real("x", 10**308) == 1e308  # large ints that a float holds pass
+    assert check_factory("cpu", torch.float64) == {
+        "device": torch.device("cpu"),
+        "dtype": torch.float64,
+    }
+    assert check_factory(None, None) == {"device": None, "dtype": None}
 
 
 def test_nan_scale_is_allowed_and_propagates_as_in_torch():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import torch
 from torch import Tensor
@@ -63,7 +64,11 @@ def check_sizes(*, zero_ok: tuple[str, ...] = (), **sizes) -> tuple[int, ...]:
 
 
 def check_real(name: str, value, *, allow_none: bool = False) -> float | None:
-    """Require a real number (int or float, not bool, not a tensor); NaN and inf pass."""
+    """Require a real number (int or float, not bool, not a tensor); NaN and inf pass.
+
+    An int too large for a float (``10**400``) is a ``ValueError``, not Python's
+    ``OverflowError`` from ``float()``.
+    """
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -71,7 +76,14 @@ def check_real(name: str, value, *, allow_none: bool = False) -> float | None:
         raise TypeError(
             f"{name} must be {wanted}, got {type(value).__name__} {value!r}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int (or Fraction) beyond the largest float, 1.8e308
+        power = int(math.log10(abs(int(value))))  # math.log10 takes any int
+        raise ValueError(
+            f"{name} must be a number a float can hold (magnitude at most "
+            f"{sys.float_info.max:.4g}), got {type(value).__name__} of about 1e{power}"
+        ) from None
 
 
 def check_positive(name: str, value) -> float:
