@@ -421,6 +421,42 @@ def test_differential_refuses_bad_input():
         DifferentialAttention(10, 2)
     with pytest.raises(ValueError, match="x must have shape"):
         DifferentialAttention(16, 2)(torch.randn(1, 4, 8))
+    with pytest.raises(
+        TypeError,
+        match=r"x must have the dtype of the module's parameters \(torch.float32\), "
+        "got torch.float64",
+    ):
+        DifferentialAttention(16, 2)(torch.randn(1, 4, 16, dtype=torch.float64))
+    with pytest.raises(
+        TypeError,
+        match="query1 and query2 must share a dtype, got torch.float64 and "
+        "torch.float32",
+    ):
+        differential_attention(q1, q1.float(), k1, k1.float(), v, 0.5)
+    with pytest.raises(
+        ValueError,
+        match="query1 and query2 must be on the same device, got cpu and meta",
+    ):
+        differential_attention(q1, q1.to("meta"), k1, k1.to("meta"), v, 0.5)
+    lam_meta = torch.tensor(0.5, device="meta")
+    with pytest.raises(
+        ValueError, match="query1 and lam must be on the same device, got cpu and meta"
+    ):
+        differential_attention(q1, q1, k1, k1, v, lam_meta)
+
+
+def test_differential_attention_takes_a_tensor_lambda_on_inputs_without_heads():
+    """(i, d) inputs have no heads axis: lam may be a 0-d tensor or have shape (1,), and
+    either gives the output of the number itself, of shape (i, e)."""
+    q1, k1, v = (t[0, 0] for t in _qkv())  # (i, d), (j, d), (j, e)
+    q2 = q1.flip(0)
+    expected = differential_attention(q1, q2, k1, k1, v, 0.3)
+    for lam in (torch.tensor(0.3), torch.tensor([0.3], dtype=torch.float64)):
+        torch.testing.assert_close(
+            differential_attention(q1, q2, k1, k1, v, lam), expected
+        )
+    with pytest.raises(ValueError, match=r"shape \(1,\) for inputs without heads"):
+        differential_attention(q1, q2, k1, k1, v, torch.tensor([0.3, 0.4]))
 
 
 # ---------------------------------------------------------------- refinement
@@ -461,3 +497,9 @@ def test_refinement_refuses_bad_input():
         layer(torch.randn(1, 7, 8))
     with pytest.raises(ValueError, match="x must have shape"):
         layer(torch.randn(1, 6, 4))
+    with pytest.raises(
+        TypeError,
+        match=r"x must have the dtype of the module's parameters \(torch.float32\), "
+        "got torch.float64",
+    ):
+        layer(torch.randn(1, 6, 8, dtype=torch.float64))

@@ -33,7 +33,10 @@ from .._checks import (
     check_choice,
     check_dim,
     check_int,
+    check_like,
     check_real,
+    check_same_device,
+    check_same_dtype,
     check_size,
     check_tensor,
     validate_attention,
@@ -304,17 +307,18 @@ def differential_lambda_init(layer_index: int) -> float:
 def _check_lambda(lam, query: Tensor) -> Tensor | float:
     if isinstance(lam, Tensor):
         check_tensor("lam", lam, floating=True)
-        h = query.shape[-3]
+        if not (lam.dim() == 0 and lam.device.type == "cpu"):  # torch's scalar rule
+            check_same_device(query1=query, lam=lam)
+        h = query.shape[-3] if query.dim() >= 3 else 1  # (i, d): no heads axis
         if lam.dim() > 1 or (lam.dim() == 1 and lam.shape[0] not in (1, h)):
+            heads = f"({h},)" if query.dim() >= 3 else "(1,) for inputs without heads"
             raise ValueError(
                 f"lam must be a number, a 0-d tensor or one value per head, shape "
-                f"({h},), got {tuple(lam.shape)}"
+                f"{heads}, got {tuple(lam.shape)}"
             )
-        return (
-            lam.to(query.dtype)[..., None, None]
-            if lam.dim() == 1
-            else lam.to(query.dtype)
-        )
+        if lam.dim() == 1 and query.dim() >= 3:  # (h, 1, 1) against (..., h, i, j)
+            return lam.to(query.dtype)[:, None, None]
+        return lam.to(query.dtype).reshape(())  # one value for every head
     return check_real("lam", lam)
 
 
@@ -372,6 +376,8 @@ def differential_attention(
     """
     validate_attention(query1, key1, value, attn_mask, is_causal, scale, False)
     validate_weights(query2, key2, attn_mask, is_causal, scale, False)
+    check_same_dtype(query1=query1, query2=query2)
+    check_same_device(query1=query1, query2=query2)
     for name, a, b in (("query2", query2, query1), ("key2", key2, key1)):
         if a.shape != b.shape:
             raise ValueError(
@@ -461,6 +467,7 @@ class DifferentialAttention(nn.Module):
                 f"x must have shape (b, n, {self.w_query.in_features}), got "
                 f"{tuple(x.shape)}"
             )
+        check_like("x", x, "the module's parameters", self.w_query.weight)
         b, n, _ = x.shape
         h, d = self.num_heads, self.head_dim
         q = (
@@ -560,6 +567,7 @@ class RefinedSelfAttention(nn.Module):
                 f"x must have shape (b, n, {self.w_query.in_features}), got "
                 f"{tuple(x.shape)}"
             )
+        check_like("x", x, "the module's parameters", self.w_query.weight)
         n = x.shape[1]
         if not 1 <= n <= self.max_len:
             raise ValueError(
