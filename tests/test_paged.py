@@ -169,3 +169,21 @@ def test_bad_arguments():
         cache.attend(torch.ones(1, 3, 1, 3), [s])
     with pytest.raises(TypeError, match="is_causal must be a bool"):
         cache.attend(torch.ones(1, 2, 1, 3), [s], is_causal="yes")
+
+
+def test_attend_with_no_sequence_gives_an_empty_batch_like_torch():
+    """seq_ids = [] is a step with no active sequence: the output is the empty
+    (0, h, i, d) batch that torch's attention returns for a batch of zero; the other
+    arguments are still checked."""
+    cache = PagedKVCache(4, 2, num_kv_heads=2, head_dim=3)
+    cache.add_sequence()
+    query = torch.ones(0, 4, 1, 3)
+    out = cache.attend(query, [], is_causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, torch.ones(0, 2, 5, 3), torch.ones(0, 2, 5, 3), enable_gqa=True
+    )
+    assert out.shape == expected.shape == (0, 4, 1, 3) and out.dtype == cache.dtype
+    with pytest.raises(TypeError, match="scale must be a float or None, got str"):
+        cache.attend(query, [], scale="big")
+    with pytest.raises(ValueError, match=r"b = len\(seq_ids\) = 0"):
+        cache.attend(torch.ones(1, 4, 1, 3), [])

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .._cache import CacheBuffers, check_new_kv, zero_buffers
-from .._checks import check_sizes, check_tensor
+from .._checks import check_scale, check_sizes, check_tensor
 from ..foundations.scaled_dot_product import scaled_dot_product_attention
 
 __all__ = ["PagedKVCache"]
@@ -238,7 +238,8 @@ class PagedKVCache(CacheBuffers):
             scale: multiplies the scores; default :math:`1/\sqrt{d}`.
 
         Returns:
-            ``(b, h, i, d)``.
+            ``(b, h, i, d)``; empty for an empty batch (``seq_ids = []``, ``b = 0``),
+            as torch's attention gives for a batch of zero.
         """
         check_tensor("query", query, floating=True)
         if not isinstance(seq_ids, (list, tuple)):
@@ -265,6 +266,9 @@ class PagedKVCache(CacheBuffers):
                 f"query must match the pool's dtype and device ({self.dtype}, {self.device}), "
                 f"got {query.dtype} on {query.device}"
             )
+        if b == 0:  # no sequence this step: an empty batch, as torch's kernels give
+            check_scale(scale)
+            return query.new_zeros(query.shape)  # (0, h, i, d)
         lengths = torch.tensor(
             [self.lengths[s] for s in seq_ids], device=self.device
         )  # (b,)
