@@ -74,11 +74,23 @@ def test_numbers_and_broadcasting():
         ({"atol": math.nan}, ValueError, "atol must be finite"),
         ({"atol": 0.0, "rtol": True}, TypeError, "rtol must be a number"),
         ({"atol": "1e-6"}, TypeError, "atol must be a number"),
+        ({"atol": 10**400}, ValueError, "atol must be a number a float can hold"),
     ],
 )
 def test_bad_tolerances(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         report_close("x", torch.zeros(1), torch.zeros(1), **kwargs)
+
+
+@pytest.mark.parametrize("which", ["actual", "expected"])
+def test_a_meta_tensor_has_no_values_to_compare(which):
+    meta, values = torch.empty(3, device="meta"), torch.zeros(3)
+    args = {"actual": values, "expected": values} | {which: meta}
+    with pytest.raises(
+        ValueError,
+        match=f"{which} must hold values to be checked, got a tensor on the meta device",
+    ):
+        report_close("x", args["actual"], args["expected"], atol=1.0)
 
 
 def test_tolerance_is_required():

@@ -17,7 +17,7 @@ from importlib import resources
 import numpy as np
 import torch
 
-from .._checks import check_int
+from .._checks import check_has_data, check_int, check_real
 from .plotting import use_course_style
 
 __all__ = ["setup_notebook", "report_close", "load_benchmark", "benchmark_machine"]
@@ -79,7 +79,8 @@ def report_close(
 
     Raises:
         AssertionError: naming the largest measured difference when the bound is broken.
-        ValueError: for a negative or non-finite tolerance, or shapes that don't broadcast.
+        ValueError: for a negative or non-finite tolerance, shapes that don't broadcast,
+            or a tensor on the meta device (it has no values to compare).
 
     Example:
         >>> import torch
@@ -93,8 +94,11 @@ def report_close(
     for label, tol in (("atol", atol), ("rtol", rtol)):
         if isinstance(tol, bool) or not isinstance(tol, (int, float)):
             raise TypeError(f"{label} must be a number, got {type(tol).__name__}")
-        if not math.isfinite(tol) or tol < 0:
+        if not math.isfinite(check_real(label, tol)) or tol < 0:  # 10**400: ValueError
             raise ValueError(f"{label} must be finite and >= 0, got {tol}")
+    for label, x in (("actual", actual), ("expected", expected)):
+        if isinstance(x, torch.Tensor):
+            check_has_data(label, x)  # a meta tensor has no values to compare
     # Python numbers and NumPy arrays are taken at float64, so nothing is lost before
     # the comparison (torch.as_tensor would make a Python float float32).
     a = (
