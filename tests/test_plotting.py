@@ -231,6 +231,13 @@ def test_plot_grid_rejects_bad_input():
         plot_grid([])
     with pytest.raises(ValueError, match=r"must be \(h, i, j\), got shape \(2, 2\)"):
         plot_grid(torch.rand(2, 2))
+    for bad in (None, "ab", 3):
+        with pytest.raises(
+            TypeError,
+            match=r"matrices must be a list or tuple of \(i, j\) tensors or an "
+            rf"\(h, i, j\) tensor, got {type(bad).__name__}",
+        ):
+            plot_grid(bad)
 
 
 def test_setup_notebook_makes_draws_repeatable():

@@ -434,8 +434,8 @@ def plot_grid(
     no colour bar.
 
     Args:
-        matrices: a sequence of ``(i, j)`` tensors (shapes may differ), or an ``(h, i, j)``
-            tensor.
+        matrices: a list or tuple of ``(i, j)`` tensors (shapes may differ), or an
+            ``(h, i, j)`` tensor.
         titles: one title per panel.
         query_labels / key_labels: token strings for the axes of every panel.
         mask: draw the matrices as boolean masks.
@@ -460,6 +460,11 @@ def plot_grid(
                 f"a tensor of matrices must be (h, i, j), got shape {tuple(matrices.shape)}"
             )
         matrices = list(matrices)
+    if not isinstance(matrices, (list, tuple)):
+        raise TypeError(
+            "matrices must be a list or tuple of (i, j) tensors or an (h, i, j) tensor, "
+            f"got {type(matrices).__name__}"
+        )
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
         raise ValueError(f"ncols must be an int >= 1, got {ncols!r}")
     mats = [_as_matrix(m, "each matrix") for m in matrices]
