@@ -387,6 +387,61 @@ def test_block_sparse_hidden_values_never_reach_a_row_and_keys_follow_the_refere
     )
 
 
+def _minus_inf_key(n, e=4, big=False):
+    """Inputs where key 41 scores -inf for every query (q[..., 0] = 4 > 0): it holds -inf,
+    or (big) a finite -1e308 whose product with 4 overflows to -inf."""
+    q, k, v = qkv(n, batch=(1, 2), d=4, e=e, grad=False)
+    q, k = q.clone(), k.clone()
+    q[..., 0] = 4.0
+    k[..., 41, 0] = -1e308 if big else -float("inf")
+    return q, k, v
+
+
+@pytest.mark.parametrize("big", [False, True])
+@pytest.mark.parametrize("window", [0, (1, 0), 7])
+def test_sliding_window_minus_inf_scores_leave_rows_as_the_dense_reference(big, window):
+    """The rule: a row's output depends only on the keys and values it may see, except
+    that a NaN or +inf score against any key, seen or hidden, poisons the row (torch's
+    rule, ``_core.poisoned_rows``). A -inf score poisons nothing: the key gets weight 0,
+    and a row whose every visible score is -inf is zero, as in the dense reference. So
+    no row here may be NaN (the band path's plain softmax made the row that sees only
+    key 41 NaN)."""
+    n = 60
+    q, k, v = _minus_inf_key(n, big=big)
+    got = sliding_window_attention(q, k, v, window=window, block_size=16)
+    mask = sliding_window_mask(n, window)
+    torch.testing.assert_close(
+        got, scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    )
+    assert not got.isnan().any()
+
+
+@pytest.mark.parametrize("big", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+def test_block_sparse_minus_inf_scores_leave_rows_as_the_dense_reference(big, grad):
+    """The rule of the test above, for the layout: a global column plus a diagonal, so
+    the CPU fast path (no autograd, ``e = d``) merges two runs per row, and the rows of
+    block 10 see only -inf scores in their diagonal run. That run must add nothing (the
+    fused kernel reports a log-sum-exp of 0 for it, which the merge counted as weight)."""
+    n, B = 60, 4
+    q, k, v = _minus_inf_key(n, e=4, big=big)
+    k[..., 40:44, 0] = k[..., 41:42, 0]  # block 10 scores -inf for every query
+    layout = torch.eye(15, dtype=torch.bool)
+    layout[:, 0] = True
+    with torch.set_grad_enabled(grad):
+        got = block_sparse_attention(
+            q, k, v.requires_grad_(grad), layout=layout, block_size=B
+        )
+    ref = scaled_dot_product_attention(
+        q, k, v, attn_mask=block_sparse_mask(layout, B, n)
+    )
+    torch.testing.assert_close(got, ref)
+    assert not got.isnan().any()
+    only_minus_inf = torch.eye(15, dtype=torch.bool)  # block 10 sees only block 10
+    got = block_sparse_attention(q, k, v, layout=only_minus_inf, block_size=B)
+    assert (got[..., 40:44, :] == 0).all() and not got.isnan().any()
+
+
 def test_attn_mask_hidden_keys_never_reach_a_row():
     q, k, v = qkv(24, batch=(1,), grad=False)
     v2 = v.clone()

@@ -149,6 +149,12 @@ def test_steps_aside_where_it_does_not_apply():
     assert cpu.block_sparse_runs(q, k, v[..., :4], layout, 8, 1.0) is None  # e != d
     assert cpu.block_sparse_runs(q.half(), k.half(), v.half(), layout, 8, 1.0) is None
     assert cpu.block_sparse_runs(q.requires_grad_(), k, v, layout, 8, 1.0) is None
+    q = q.detach()
+    for poison in (float("nan"), -float("inf"), -1e308):  # scores may be non-finite
+        k2 = k.clone()
+        k2[..., 5, 0] = poison
+        assert cpu.block_sparse_runs(q, k2, v, layout, 8, 1.0) is None
+    assert cpu.block_sparse_runs(q, k, v, layout, 8, 1.0) is not None
 
 
 def test_several_runs_per_row_and_empty_rows():

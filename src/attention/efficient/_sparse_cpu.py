@@ -70,7 +70,7 @@ def block_sparse_runs(
     Returns:
         ``(..., i, d)``, or ``None``.
     """
-    if not _applies(query, key, value):
+    if not (_applies(query, key, value) and _finite_scores(query, key, scale)):
         return None
     i, j = query.shape[-2], key.shape[-2]
     plan = _run_plan(layout, block_size, i, j)
@@ -97,6 +97,25 @@ def _applies(query: Tensor, key: Tensor, value: Tensor) -> bool:
         and query.shape[-2] > 0
         and key.shape[-2] > 0
     )
+
+
+def _finite_scores(query: Tensor, key: Tensor, scale: float) -> bool:
+    """Whether every score is surely finite: ``max|q| max|k| d |s|`` below the dtype's
+    largest number (False for NaN or infinite inputs).
+
+    The fused kernel gives a row whose scores in one call are all ``-inf`` (an infinite
+    key, or a product that overflows) a log-sum-exp of 0 instead of ``-inf``, so the
+    merge would count that call's zero output as if it held weight. Such inputs take the
+    gather path, which gives the dense reference's result.
+    """
+    with torch.no_grad():
+        bound = (
+            query.abs().amax().to(torch.float64)
+            * key.abs().amax().to(torch.float64)
+            * query.shape[-1]
+            * abs(scale)
+        )
+        return bool(bound < torch.finfo(query.dtype).max)
 
 
 def _layout_runs(layout: Tensor) -> list[tuple[int, int, int]]:

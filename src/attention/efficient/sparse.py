@@ -183,15 +183,20 @@ def _band_tile_attention(
     """:func:`_masked_tile_attention` for tiles that share one band and reach no padding.
 
     The band is added to the scores as a ``(B, T)`` bias of 0 / -inf (a broadcast
-    ``masked_fill`` costs many times more). That leaves NaN where a hidden score was NaN
-    or +inf; a sum of the scores notices it, and only then are the hidden keys set to
-    -inf one by one. Every query of such a tile sees at least itself, so no row is empty.
+    ``masked_fill`` costs many times more). Every query of such a tile sees at least
+    itself, so no row is empty; but a non-finite input can leave NaN weights: a hidden
+    NaN or +inf score (NaN after the bias), or a row whose visible scores are all -inf
+    (an infinite key), which the dense reference gives zero weights. A sum of the
+    weights notices it, and only then are the hidden keys set to -inf one by one and
+    the softmax taken again, the masked one that zeroes such a row.
     """
     scores = (q * scale) @ k.transpose(-1, -2)  # (..., c, B, T)
     scores += band_bias  # in place: the matmul's backward does not need its output
-    if bool(scores.sum().isnan()):  # rare: a non-finite input, or a visible NaN
-        scores.masked_fill_(outside_band, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (..., c, B, T)
+    if bool(weights.sum().isnan()):  # rare: a non-finite input, or a visible NaN
+        # (in place again: the softmax's backward needs its output, not its input)
+        scores.masked_fill_(outside_band, float("-inf"))
+        weights = masked_softmax(scores)
     return _matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
 
 
