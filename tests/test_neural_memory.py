@@ -205,7 +205,8 @@ def test_forward_checks_key_and_value_not_only_query(bad, which):
 
 def test_per_token_rates_must_give_one_value_per_token():
     """A rate tensor broadcasts to (..., n), one value per token; any other shape is
-    refused in update and in forward (where a 0-d tensor also works, as a number does)."""
+    refused in update and in forward (where a 0-d tensor also works, as a number
+    does)."""
     q, k, v, theta, _ = data()  # (2, 9, ·)
     mem = NeuralMemory(4, 3, dtype=F64)
     for rate in (theta[:, :4], theta[..., None], torch.rand(3, dtype=F64)):

@@ -88,7 +88,8 @@ def test_a_meta_tensor_has_no_values_to_compare(which):
     args = {"actual": values, "expected": values} | {which: meta}
     with pytest.raises(
         ValueError,
-        match=f"{which} must hold values to be checked, got a tensor on the meta device",
+        match=f"{which} must hold values to be checked, got a tensor on the meta "
+        "device",
     ):
         report_close("x", args["actual"], args["expected"], atol=1.0)
 

@@ -388,8 +388,8 @@ def test_block_sparse_hidden_values_never_reach_a_row_and_keys_follow_the_refere
 
 
 def _minus_inf_key(n, e=4, big=False):
-    """Inputs where key 41 scores -inf for every query (q[..., 0] = 4 > 0): it holds -inf,
-    or (big) a finite -1e308 whose product with 4 overflows to -inf."""
+    """Inputs where key 41 scores -inf for every query (q[..., 0] = 4 > 0): it holds
+    -inf, or (big) a finite -1e308 whose product with 4 overflows to -inf."""
     q, k, v = qkv(n, batch=(1, 2), d=4, e=e, grad=False)
     q, k = q.clone(), k.clone()
     q[..., 0] = 4.0
@@ -421,8 +421,9 @@ def test_sliding_window_minus_inf_scores_leave_rows_as_the_dense_reference(big, 
 def test_block_sparse_minus_inf_scores_leave_rows_as_the_dense_reference(big, grad):
     """The rule of the test above, for the layout: a global column plus a diagonal, so
     the CPU fast path (no autograd, ``e = d``) merges two runs per row, and the rows of
-    block 10 see only -inf scores in their diagonal run. That run must add nothing (the
-    fused kernel reports a log-sum-exp of 0 for it, which the merge counted as weight)."""
+    block 10 see only -inf scores in their diagonal run. That run must add nothing
+    (the fused kernel reports a log-sum-exp of 0 for it, which the merge counted as
+    weight)."""
     n, B = 60, 4
     q, k, v = _minus_inf_key(n, e=4, big=big)
     k[..., 40:44, 0] = k[..., 41:42, 0]  # block 10 scores -inf for every query

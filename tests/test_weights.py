@@ -160,7 +160,8 @@ def test_large_logits_keep_their_answer(fn, values, dtype, exact):
 @pytest.mark.parametrize("fn", [sparsemax, entmax15])
 def test_zero_width_rows_give_the_empty_tensor_like_softmax(fn):
     """A row with no entries has nothing to normalise: the empty tensor comes back, as
-    ``torch.softmax`` returns it (so shapes flow through code that allows empty axes)."""
+    ``torch.softmax`` returns it (so shapes flow through code that allows empty
+    axes)."""
     for x, dim in ((torch.empty(3, 0), -1), (torch.empty(0, 4), 0)):
         p = fn(x, dim)
         assert p.shape == x.shape == torch.softmax(x, dim).shape

@@ -462,8 +462,8 @@ def plot_grid(
         matrices = list(matrices)
     if not isinstance(matrices, (list, tuple)):
         raise TypeError(
-            "matrices must be a list or tuple of (i, j) tensors or an (h, i, j) tensor, "
-            f"got {type(matrices).__name__}"
+            "matrices must be a list or tuple of (i, j) tensors or an (h, i, j) "
+            f"tensor, got {type(matrices).__name__}"
         )
     if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
         raise ValueError(f"ncols must be an int >= 1, got {ncols!r}")

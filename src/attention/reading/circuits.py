@@ -496,7 +496,8 @@ def _check_replaced(replaced, weights: Tensor, layer: int) -> None:
     if replaced.shape != weights.shape:
         raise ValueError(
             f"{name} must have the shape (b, h, n, n) = {tuple(weights.shape)} of the "
-            f"maps it replaces, got {tuple(replaced.shape)} (or return None to keep them)"
+            f"maps it replaces, got {tuple(replaced.shape)} (or return None to keep "
+            "them)"
         )
 
 

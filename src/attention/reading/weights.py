@@ -117,8 +117,8 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     Jacobian :math:`\operatorname{diag}(s) - s s^\top / |S|` (``s`` the support indicator).
     The row's maximum is subtracted first (the map is invariant to it), so large logits
     keep their precision; half-precision inputs are computed in float32.
-    ``-inf`` entries get 0; a row containing NaN or ``+inf``, or only ``-inf``, comes out
-    NaN, as in ``torch.softmax``. A zero-width row (``x.shape[dim] = 0``) gives the
+    ``-inf`` entries get 0; a row containing NaN or ``+inf``, or only ``-inf``, comes
+    out NaN, as in ``torch.softmax``. A zero-width row (``x.shape[dim] = 0``) gives the
     empty tensor back, as ``torch.softmax`` does.
 
     Args:
