@@ -269,9 +269,17 @@ def test_a_full_width_figure_stays_within_the_column_once_cropped():
         assert struct.unpack(">I", png[16:20])[0] <= COLUMN_CSS_PX
 
 
-TEXT_SIZES = ["font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize",
-              "ytick.labelsize", "legend.fontsize", "legend.title_fontsize",
-              "figure.titlesize", "figure.labelsize"]
+TEXT_SIZES = [
+    "font.size",
+    "axes.titlesize",
+    "axes.labelsize",
+    "xtick.labelsize",
+    "ytick.labelsize",
+    "legend.fontsize",
+    "legend.title_fontsize",
+    "figure.titlesize",
+    "figure.labelsize",
+]
 
 
 def test_course_style_sets_every_default_text_size_to_at_least_8_points():
@@ -281,7 +289,9 @@ def test_course_style_sets_every_default_text_size_to_at_least_8_points():
     use_course_style()
     for key in TEXT_SIZES:
         value = plt.rcParams[key]
-        assert isinstance(value, (int, float)), f"{key} is {value!r}, not an absolute size"
+        assert isinstance(value, (int, float)), (
+            f"{key} is {value!r}, not an absolute size"
+        )
         assert FontProperties(size=value).get_size_in_points() >= 8, key
     fig, ax = plt.subplots(figsize=(6, 3))
     im = ax.imshow(torch.rand(4, 4).numpy())
@@ -294,7 +304,9 @@ def test_course_style_sets_every_default_text_size_to_at_least_8_points():
     fig.suptitle("figure title")
     fig.supxlabel("figure x label")
     fig.canvas.draw()
-    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text() and t.get_visible()]
+    texts = [
+        t for t in fig.findobj(matplotlib.text.Text) if t.get_text() and t.get_visible()
+    ]
     assert len(texts) > 12
     assert min(t.get_fontsize() for t in texts) >= 8
 
