@@ -70,7 +70,7 @@ from .._checks import (
     validate_attention,
     validate_weights,
 )
-from .._core import _matmul_skipping, expand_kv_heads, top_left_causal
+from .._core import default_scale, expand_kv_heads, matmul_skipping, tril_mask
 from .feature_maps import FeatureMap, elu_feature_map, relu_feature_map
 
 __all__ = [
@@ -320,7 +320,7 @@ def _naive_weights(
     scores = phi_q @ phi_k.transpose(-2, -1)  # (..., i, j)
     if is_causal:
         i, j = phi_q.shape[-2], phi_k.shape[-2]
-        visible = top_left_causal(i, j, device=phi_q.device)
+        visible = tril_mask(i, j, device=phi_q.device)
         if g is not None:  # lambda^(i - j) on the visible pairs
             lag = (
                 torch.arange(i, device=phi_q.device)[:, None]
@@ -382,11 +382,11 @@ def linear_attention_naive(
         normalize,
     )
     future = (
-        ~top_left_causal(query.shape[-2], key.shape[-2], query.device)
+        ~tril_mask(query.shape[-2], key.shape[-2], device=query.device)
         if is_causal
         else None
     )
-    return _matmul_skipping(weights, value, future)  # (..., i, e)
+    return matmul_skipping(weights, value, future)  # (..., i, e)
 
 
 # --------------------------------------------------------------------------- fast forms
@@ -443,7 +443,7 @@ def _causal_chunked(
     if g is not None:
         return _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize)
     scores = scores.masked_fill_(future, 0.0)
-    num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
+    num = matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
 
     # Between chunks: chunk m adds phi(Q_m) S_m, where the state S_m is the sum of the chunk
     # states phi(K_l)^T [V_l, 1] of the earlier chunks l < m: a cumulative sum shifted by
@@ -479,7 +479,7 @@ def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) ->
     pos = torch.arange(c, device=qc.device, dtype=qc.dtype)
     lag = (pos[:, None] - pos[None, :]).clamp(min=0)  # (c, c)
     scores = (scores * (g4 * lag).exp()).masked_fill_(future, 0.0)  # (..., n, c, c)
-    num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
+    num = matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
     key_weight = (g4 * (c - 1 - pos)[:, None]).exp()  # (h, 1, c, 1)
     kv = (kc * key_weight).transpose(-2, -1) @ vc  # (..., n, f, e + 1) chunk states
     m = torch.arange(n, device=qc.device, dtype=qc.dtype)
@@ -784,11 +784,7 @@ def lightning_attention(
     output_final_state = check_bool("output_final_state", output_final_state)
     g = _check_decay(decay, query, head_dim=-3)
     key, value = _group_heads(query, key, value, enable_gqa)
-    s = (
-        scale
-        if scale is not None
-        else (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0)
-    )
+    s = default_scale(scale, query.shape[-1])
     q, key, value = _expand_batch(query, key, value)  # views, no copies
     n, d, e = q.shape[-2], q.shape[-1], value.shape[-1]
     state_shape = (*q.shape[:-2], d, e)  # (..., h, d, e)

@@ -30,14 +30,14 @@ from .._checks import (
     validate_attention,
 )
 from .._core import (
-    _matmul_skipping,
     default_scale,
     expand_kv_heads,
     masked_softmax,
+    matmul_skipping,
     poisoned_rows,
 )
 from . import _sparse_cpu
-from ._patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
+from ._patterns import causal_bounds, check_layout, check_layout_fits, window_bounds
 
 __all__ = ["sliding_window_attention", "block_sparse_attention"]
 
@@ -168,7 +168,7 @@ def _masked_tile_attention(
     if bias is not None:
         hide = torch.isneginf(scores)  # a float mask can hide keys too
     weights = masked_softmax(scores)  # a row with no visible key gets zero weights
-    return _matmul_skipping(weights, v, hide, finite_values)  # (..., c, B, e)
+    return matmul_skipping(weights, v, hide, finite_values)  # (..., c, B, e)
 
 
 def _band_tile_attention(
@@ -192,7 +192,7 @@ def _band_tile_attention(
     if bool(scores.sum().isnan()):  # rare: a non-finite input, or a visible NaN
         scores.masked_fill_(outside_band, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (..., c, B, T)
-    return _matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
+    return matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
 
 
 def _poison(out: Tensor, query: Tensor, key: Tensor, scale: float) -> Tensor:
@@ -269,8 +269,8 @@ def sliding_window_attention(
         query, key, value, attn_mask, is_causal, scale, enable_gqa
     )
     i, j = query.shape[-2], key.shape[-2]
-    left, right = _window_bounds(window, i, j)
-    left, right = _causal_bounds(left, right, is_causal, i, j)
+    left, right = window_bounds(window, i, j)
+    left, right = causal_bounds(left, right, is_causal, i, j)
     if block_size is not None:
         block_size = check_size("block_size", block_size)
     trivial = _trivial_output(query, key, value)
@@ -436,10 +436,10 @@ def block_sparse_attention(
     query, key, value, attn_mask, scale = _prepare(
         query, key, value, attn_mask, is_causal, scale, enable_gqa
     )
-    _check_layout(layout)
+    check_layout(layout)
     B = check_size("block_size", block_size)
     i, j = query.shape[-2], key.shape[-2]
-    _check_layout_fits(layout, B, i, j)
+    check_layout_fits(layout, B, i, j)
     check_same_device(query=query, layout=layout)
     trivial = _trivial_output(query, key, value)
     if trivial is not None:

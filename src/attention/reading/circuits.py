@@ -45,7 +45,7 @@ from .._checks import (
     check_same_device,
     check_tensor,
 )
-from .._core import masked_softmax, top_left_causal
+from .._core import attention_scores, masked_softmax
 from ..layers.multihead import MultiHeadAttention, split_heads
 
 __all__ = [
@@ -600,15 +600,13 @@ class AttentionOnlyTransformer(nn.Module):
         b, n = tokens.shape
         h, d = self.num_heads, self.head_dim
         x = self.embed(tokens) + self.pos_embed.weight[:n]  # (b, n, D)
-        causal = top_left_causal(n, n, device=tokens.device)
         residuals, maps, contributions = [x], [], []
         for index, layer in enumerate(self.layers):
             q = split_heads(layer.w_query(x), h)  # (b, h, n, d)
             k = split_heads(layer.w_key(x), h)  # (b, h, n, d)
             v = split_heads(layer.w_value(x), h)  # (b, h, n, d)
-            weights = masked_softmax(
-                (q @ k.transpose(-2, -1)) * d**-0.5, causal
-            )  # (b, h, n, n)
+            scores, causal = attention_scores(q, k, is_causal=True)  # (b, h, n, n)
+            weights = masked_softmax(scores, causal)  # (b, h, n, n)
             if weights_hook is not None:
                 replaced = weights_hook(index, weights)
                 weights = weights if replaced is None else replaced
