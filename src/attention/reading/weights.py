@@ -39,7 +39,7 @@ from .._checks import (
     validate_attention,
     validate_weights,
 )
-from .._core import attention_scores, expand_kv_heads, masked_softmax
+from .._core import add_mask, attention_scores, expand_kv_heads, masked_softmax
 
 __all__ = [
     "sparsemax",
@@ -190,13 +190,9 @@ def _sigmoid_weights(
     if bias is None:
         bias = -math.log(j) if j > 0 else 0.0
     scores = scores + bias  # (..., h, i, j)
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        scores = scores + attn_mask.to(scores.dtype)
-        attn_mask = None
-    weights = torch.sigmoid(scores)
-    if attn_mask is not None:
-        weights = weights.masked_fill(~attn_mask, 0.0)  # exact zeros, even for NaN
-    return weights
+    if attn_mask is not None:  # added, as torch adds a mask: sigmoid(-inf) = 0 exactly,
+        scores = add_mask(scores, attn_mask)  # and a masked NaN or +inf score stays NaN
+    return torch.sigmoid(scores)
 
 
 def sigmoid_attention(
@@ -226,8 +222,9 @@ def sigmoid_attention(
         key: ``(..., h_kv, j, d)``.
         value: ``(..., h_kv, j, e)``.
         attn_mask: boolean (**True = may attend**; blocked keys get weight exactly 0) or
-            float (added to the scores before the sigmoid), broadcastable to
-            ``(..., h, i, j)``.
+            float, broadcastable to ``(..., h, i, j)``; added to the scores before the
+            sigmoid (a boolean one as 0 or -inf), so a NaN or ``+inf`` score against a
+            blocked key still makes its row NaN, as in the dense reference.
         is_causal: top-left causal mask; not together with ``attn_mask``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         bias: added to every score; ``None`` means :math:`-\log j`.
