@@ -109,8 +109,7 @@ def max_shift(m: Tensor, *, zero_infinite: bool = False) -> Tensor:
     (``logsumexp([inf, 1]) = inf``) and the softmax must not do (``softmax([inf, 1])`` is
     NaN in torch: ``inf - inf``). The one max-shift rule of the package.
     """
-    drop = torch.isinf(m) if zero_infinite else torch.isneginf(m)
-    return m.masked_fill(drop, 0.0)
+    return m.masked_fill(torch.isinf(m) if zero_infinite else torch.isneginf(m), 0.0)
 
 
 def row_max(x: Tensor, dim: int) -> Tensor:

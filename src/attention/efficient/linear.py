@@ -436,9 +436,7 @@ def _causal_chunked(
     vc = value.reshape(*batch, n, chunk, e + 1)  # (..., n, c, e + 1)
 
     # Inside a chunk: the quadratic form with the causal (lower-triangular) pattern.
-    future = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).triu_(
-        1
-    )  # (c, c)
+    future = ~tril_mask(chunk, chunk, device=qc.device)  # (c, c)
     scores = qc @ kc.transpose(-2, -1)  # (..., n, c, c)
     if g is not None:
         return _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize)

@@ -30,6 +30,8 @@ from .._checks import (
     validate_attention,
 )
 from .._core import (
+    additive_mask,
+    attention_scores,
     default_scale,
     expand_kv_heads,
     masked_softmax,
@@ -158,7 +160,7 @@ def _masked_tile_attention(
     Returns:
         ``(..., c, B, e)``; a row with no visible key is zero.
     """
-    scores = (q * scale) @ k.transpose(-1, -2)  # (..., c, B, T)
+    scores, _ = attention_scores(q, k, scale=scale)  # (..., c, B, T)
     if bias is not None:
         scores = scores + bias
     if hide is not None:
@@ -187,7 +189,7 @@ def _band_tile_attention(
     or +inf; a sum of the scores notices it, and only then are the hidden keys set to
     -inf one by one. Every query of such a tile sees at least itself, so no row is empty.
     """
-    scores = (q * scale) @ k.transpose(-1, -2)  # (..., c, B, T)
+    scores, _ = attention_scores(q, k, scale=scale)  # (..., c, B, T)
     scores += band_bias  # in place: the matmul's backward does not need its output
     if bool(scores.sum().isnan()):  # rare: a non-finite input, or a visible NaN
         scores.masked_fill_(outside_band, float("-inf"))
@@ -335,8 +337,7 @@ def _sliding_window(
     edges = (
         set(padding.any(dim=-1).nonzero().flatten().tolist()) if mask is None else set()
     )
-    band_bias = torch.zeros(B, T, dtype=query.dtype, device=query.device)
-    band_bias = band_bias.masked_fill(outside_band, float("-inf"))  # (B, T)
+    band_bias = additive_mask(~outside_band, query.dtype)  # (B, T): 0 or -inf
     outs, c0 = [], 0
     while c0 < nb:
         c1 = c0 + 1

@@ -39,7 +39,7 @@ from .._checks import (
     check_scale,
     check_sizes,
 )
-from .._core import default_scale
+from .._core import attention_scores
 from ._scoring import (
     additive_hidden_core,
     check_feature_sizes,
@@ -129,8 +129,8 @@ def scaled_dot_scores(
         [[2.0]]
     """
     check_pair(query, key, same_size=True)
-    scale = default_scale(check_scale(scale), query.shape[-1])
-    return (query @ key.transpose(-2, -1)) * scale  # (..., i, j)
+    scores, _ = attention_scores(query, key, scale=check_scale(scale))
+    return scores  # (..., i, j)
 
 
 def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
