@@ -41,7 +41,14 @@ from .._checks import (
 from .._core import attention_scores, default_scale, matmul_skipping
 from ..foundations.scaled_dot_product import scaled_dot_product_attention
 
-__all__ = ["lsh_attention", "linformer_attention"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "lsh_attention",
+    "linformer_attention",
+    "linformer_projection",
+    "lsh_buckets",
+]
 
 
 def _check_num_buckets(num_buckets) -> int:

@@ -51,7 +51,16 @@ from .._core import default_scale, expand_kv_heads
 from ._launch import run_distributed
 from ._ring import Ring, RingAttention
 
-__all__ = ["ring_attention", "run_distributed", "shard_sequence", "unshard_sequence"]
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "ring_attention",
+    "run_distributed",
+    "shard_sequence",
+    "unshard_sequence",
+    "ring_forward_backward",
+    "ring_schedule",
+]
 
 LAYOUTS = ("contiguous", "zigzag")
 

@@ -73,11 +73,14 @@ from .._checks import (
 from .._core import default_scale, expand_kv_heads, matmul_skipping, tril_mask
 from .feature_maps import FeatureMap, elu_feature_map, relu_feature_map
 
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "linear_attention",
     "linear_attention_weights",
     "linear_attention_step",
     "lightning_attention",
+    "linear_attention_naive",
 ]
 
 

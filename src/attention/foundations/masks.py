@@ -31,8 +31,8 @@ from .._checks import (
 )
 from .._core import additive_mask, tril_mask
 
-# The facade re-exports the first four; decoding_mask and to_additive_mask, which
-# chapter 4 builds step by step, are imported from this module.
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "causal_mask",
     "padding_mask",

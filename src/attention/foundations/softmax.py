@@ -13,8 +13,8 @@ from torch import Tensor
 from .._checks import check_bool, check_dim, check_tensor
 from .._core import is_empty, max_shift, row_max, stable_softmax
 
-# The facade re-exports the first four; softmax_jacobian and three_pass_softmax, the
-# teaching helpers of chapters 2, 3 and 14, are imported from this module.
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "softmax",
     "log_softmax",

@@ -48,9 +48,15 @@ from ._scoring import (
     check_param,
 )
 
-# The score functions and activations are imported from this module
-# (``from attention.layers.scoring import dot_scores``); the facade exports the modules.
-__all__ = ["GeneralScore", "AdditiveScore"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "GeneralScore",
+    "AdditiveScore",
+    "dot_scores",
+    "scaled_dot_scores",
+    "cosine_scores",
+]
 
 #: Activations a score may use, by name. ``None`` means the identity.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {

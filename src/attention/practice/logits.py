@@ -29,7 +29,13 @@ from torch import Tensor
 from .._checks import check_positive, check_real, check_tensor, validate_attention
 from .._core import attention_scores, expand_kv_heads, masked_softmax
 
-__all__ = ["soft_cap", "qk_norm"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "soft_cap",
+    "qk_norm",
+    "softcap_attention",
+]
 
 
 def soft_cap(scores: Tensor, cap: float) -> Tensor:

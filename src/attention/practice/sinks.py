@@ -37,7 +37,14 @@ from .._checks import (
 )
 from .._core import attention_scores, expand_kv_heads, masked_softmax
 
-__all__ = ["attention_with_sinks", "sink_attention_weights", "StreamingKVCache"]
+# The facade re-exports the library names (the first 3); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "attention_with_sinks",
+    "sink_attention_weights",
+    "StreamingKVCache",
+    "streaming_mask",
+]
 
 
 # ------------------------------------------------------------------ learned sinks

@@ -48,6 +48,8 @@ from .._checks import (
 from .._core import attention_scores, masked_softmax
 from ..layers.multihead import MultiHeadAttention, split_heads
 
+# The facade re-exports the library names (the first 7); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "qk_circuit",
     "ov_circuit",
@@ -56,6 +58,8 @@ __all__ = [
     "induction_score",
     "prefix_matching_score",
     "AttentionOnlyTransformer",
+    "composition_score",
+    "duplicate_token_score",
 ]
 
 
