@@ -58,7 +58,7 @@ def _torch(q, k, v, **kw):
 
 
 def _softmax_rows(s):
-    """Softmax over the keys; a row with no visible key (all -inf) gets zeros, as torch."""
+    """Softmax over the keys; a row with no visible key (all -inf) gets zeros."""
     dead = torch.isneginf(s).all(-1, keepdim=True)
     return torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
 
@@ -75,7 +75,7 @@ def _dense(
     score_mod=None,
     normalise=_softmax_rows,
 ):
-    """An independent dense reference: scores → score_mod → mask → normalise → @ value."""
+    """An independent dense reference: scores → score_mod → mask → normalise → @ v."""
     if enable_gqa:
         r = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(r, -3), v.repeat_interleave(r, -3)

@@ -1,6 +1,6 @@
-"""The two tiers of names, and the facade ``attention/__init__.py`` that holds the first.
+"""The two tiers of names, and the facade ``attention/__init__.py`` holding the first.
 
-The rule (CONTRIBUTING.md, "Two tiers of names"): a module's ``__all__`` lists every name
+The rule (CONTRIBUTING.md, "Two tiers of names"): a module's ``__all__`` lists each name
 meant for import from it, the library names and the teaching helpers its chapters
 import by path; the facade imports the library subset by name, literally, in reading
 order, and lists exactly those names in its own ``__all__``. So every name a chapter
@@ -36,7 +36,7 @@ def _module(name):
 
 
 def _facade_imports() -> list[tuple[str, list[str]]]:
-    """``(module, names)`` of every ``from .module import names`` of the facade, in order."""
+    """``(module, names)`` of each ``from .module import names`` of the facade."""
     tree = ast.parse(INIT.read_text(encoding="utf-8"))
     return [
         (node.module, [a.name for a in node.names])
@@ -94,7 +94,7 @@ def test_every_module_declares_all_and_its_names_exist():
             assert not name.startswith("_"), f"{m}.__all__ exports the private {name}"
 
 
-# --------------------------------------------------------------------------- the chapters
+# ------------------------------------------------------------------------ the chapters
 
 
 def _chapter_cells() -> list[tuple[str, str]]:

@@ -7,8 +7,8 @@ Two rules (CONTRIBUTING.md, "Package"):
   ``_x.py`` the shared names are plain, since the module itself is private);
 * a part's private module (``attention/efficient/_tiled.py``) is imported only inside
   its part (``attention/efficient/``); the shared private cores at the root
-  (``attention/_checks.py``, ``_core.py``, ``_cache.py``, ``_rope.py``) are imported from
-  anywhere.
+  (``attention/_checks.py``, ``_core.py``, ``_cache.py``, ``_rope.py``) are imported
+  from anywhere.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def _is_private(dotted: str) -> bool:
 
 
 def _part(dotted: str) -> str:
-    """``attention.efficient._tiled`` -> ``attention.efficient``; a root module's part is
-    ``attention`` itself."""
+    """``attention.efficient._tiled`` -> ``attention.efficient``; a root module's part
+    is ``attention`` itself."""
     return dotted.rsplit(".", 1)[0]
 
 

@@ -77,7 +77,7 @@ def _is_zero(node) -> bool:
 
 
 def _is_neg_inf(node) -> bool:
-    """``float("-inf")``, ``-math.inf``, ``-torch.inf``, ``-float("inf")``, ``-_INF``."""
+    """``float("-inf")``, ``-math.inf``, ``-torch.inf``, ``-float("inf")``, ``-INF``."""
     if _called(node, "float") and node.args:
         arg = node.args[0]
         return isinstance(arg, ast.Constant) and arg.value == "-inf"
@@ -129,7 +129,7 @@ def _is_scale(node) -> bool:
 
 
 def default_scales(tree) -> list[ast.AST]:
-    """``1/sqrt(d)``: a division by ``sqrt`` of a head size, or a head size ``** -0.5``."""
+    """``1/sqrt(d)``: a division by ``sqrt`` of a head size, or ``head size**-0.5``."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
@@ -154,7 +154,7 @@ def causal_masks(tree) -> list[ast.AST]:
 
 
 def additive_conversions(tree) -> list[ast.AST]:
-    """Zeros filled with ``-inf`` where a mask says so, or ``torch.where(m, 0, -inf)``."""
+    """Zeros filled with ``-inf`` where a mask says so; ``torch.where(m, 0, -inf)``."""
     found = []
     for function in _scopes(tree):
         zero_names = {
@@ -321,7 +321,7 @@ def test_each_rule_is_written_once(rule):
     assert not stale, f"PENDING lists copies that are gone: {sorted(stale)}"
 
 
-# --------------------------------------------------------------------------- the rules can fail
+# ---------------------------------------------------------------- the rules can fail
 
 
 def _lines(matcher, source: str) -> list[int]:

@@ -191,8 +191,8 @@ def test_causal_forward_visits_the_blocks_below_the_diagonal_unmasked(i, j):
 def _launches(q, k, v, block):
     """``(kernel name, grid, PRECISION)`` of every launch of one forward and backward.
 
-    Every launch goes through ``kernel_for(kernel, device)[grid](...)``: a wrapper in its
-    place sees the grid and the launch's keyword arguments.
+    Every launch goes through ``kernel_for(kernel, device)[grid](...)``: a wrapper in
+    its place sees the grid and the launch's keyword arguments.
     """
     launches, original = [], triton_flash.kernel_for
 
@@ -236,9 +236,9 @@ def test_launched_programs_match_the_grid_formulas(device):
     "dtype, precision", [(torch.float32, "ieee"), (torch.float16, "tf32")]
 )
 def test_float32_products_are_ieee_not_tf32(dtype, precision, device):
-    """On NVIDIA GPUs tl.dot multiplies float32 in TF32 unless told otherwise (errors near
-    1e-3); every kernel that multiplies is launched with input_precision "ieee" for
-    float32 (half precision products are exact either way: the default stays)."""
+    """On NVIDIA GPUs tl.dot multiplies float32 in TF32 unless told otherwise (errors
+    near 1e-3); every kernel that multiplies is launched with input_precision "ieee"
+    for float32 (half precision products are exact either way: the default stays)."""
     launches = _launches(*_qkv(1, 1, 20, 20, 16, dtype=dtype, device=device), 16)
     dots = {name: p for name, _, p in launches if name != "flash_backward_delta_kernel"}
     assert dots == dict.fromkeys(
@@ -362,7 +362,7 @@ def test_any_real_scale_behaves_as_in_torch(scale, device):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy meets NaN
 def test_an_inf_score_against_a_skipped_key_makes_its_row_nan(device):
     """The package's rule: a NaN or +inf score poisons its row even against a key the
-    causal kernel never loads (a block above the diagonal), as in the dense reference."""
+    causal kernel never loads (a block above the diagonal), as the dense reference."""
     q, k, v = (
         t.detach().clone() for t in _qkv(1, 1, 40, 40, 16, seed=25, device=device)
     )

@@ -52,14 +52,15 @@ def expand_kv_heads(t: Tensor, num_query_heads: int) -> Tensor:
 def tril_mask(i: int, j: int, *, offset: int = 0, device=None) -> Tensor:
     """``(i, j)`` boolean mask, True where key ``k <= q + offset``: the one causal mask.
 
-    ``offset = 0`` is the top-left mask of ``is_causal=True`` in torch; ``offset = j - i``
-    aligns the last query with the last key (bottom-right, for cached decoding).
+    ``offset = 0`` is the top-left mask of ``is_causal=True`` in torch;
+    ``offset = j - i`` aligns the last query with the last key (bottom-right, for
+    cached decoding).
     """
     return torch.ones(i, j, dtype=torch.bool, device=device).tril(offset)
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean mask (**True = may attend**) as an additive one: 0 where True, -inf else.
+    """A boolean mask (**True = may attend**) as an additive one: 0 or -inf.
 
     The one conversion of the package. Adding it to the scores is how torch applies a
     boolean mask, so a NaN or ``+inf`` score stays in its row even where masked.
@@ -79,12 +80,12 @@ def attention_scores(
 ) -> tuple[Tensor, Tensor | None]:
     """The prologue every softmax variant shares: ``(scores, mask)``.
 
-    ``scores = query @ keyᵀ · scale``, ``(..., h, i, j)``, after repeating the key heads
-    for grouped-query attention (``enable_gqa``); ``scale`` None means :math:`1/\\sqrt{d}`.
-    ``mask`` is ``attn_mask`` unchanged, or the top-left causal mask when ``is_causal``:
-    what to apply to the scores is the variant's choice (add it, as softmax does, or zero
-    the weights it hides, as sigmoid attention does). Also the core of a tile: pass a
-    block of queries and keys.
+    ``scores = query @ keyᵀ · scale``, ``(..., h, i, j)``, after repeating the key
+    heads for grouped-query attention (``enable_gqa``); ``scale`` None means
+    :math:`1/\\sqrt{d}`. ``mask`` is ``attn_mask`` unchanged, or the top-left causal
+    mask when ``is_causal``: how to apply it is the variant's choice (softmax adds it;
+    sigmoid attention adds it before the sigmoid). Also the core of a tile: pass a block
+    of queries and keys.
     """
     if enable_gqa:
         key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
@@ -135,7 +136,7 @@ def stable_softmax(x: Tensor, dim: int) -> Tensor:
 
 
 def add_mask(scores: Tensor, attn_mask: Tensor) -> Tensor:
-    """``scores`` plus the mask: a boolean one as 0/-inf, a float one in the scores' dtype."""
+    """``scores`` plus the mask: a boolean one as 0 or -inf, a float one as it is."""
     if attn_mask.dtype == torch.bool:
         attn_mask = additive_mask(attn_mask, scores.dtype)
     return scores + attn_mask.to(scores.dtype)  # a float32 mask on float64 scores
@@ -156,19 +157,19 @@ def softmax_or_zero(scores: Tensor, dim: int = -1) -> Tensor:
 def masked_softmax(
     scores: Tensor, attn_mask: Tensor | None = None, dim: int = -1
 ) -> Tensor:
-    """Softmax of ``scores`` along ``dim`` after applying ``attn_mask``; dead rows give zeros.
+    """Softmax of ``scores`` along ``dim`` after applying ``attn_mask``; dead rows: 0.
 
     ``attn_mask`` is boolean (**True = may attend**) or float (added to the scores) and
     broadcasts to ``scores``. A boolean mask is applied as an additive one (0 or -inf),
-    exactly as PyTorch's reference path does, so a NaN score stays NaN even where masked.
-    A slice along ``dim`` with no visible key gets zero weights (:func:`softmax_or_zero`).
+    as PyTorch's reference path does, so a NaN score stays NaN even where masked. A
+    slice along ``dim`` with no visible key gets zero weights (:func:`softmax_or_zero`).
     """
     if attn_mask is not None:
         scores = add_mask(scores, attn_mask)
     return softmax_or_zero(scores, dim)
 
 
-# --------------------------------------------------------------------------- kernels' helpers
+# ------------------------------------------------------------------- kernels' helpers
 
 
 def matmul_skipping(

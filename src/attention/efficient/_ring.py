@@ -1,7 +1,7 @@
 """The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 15).
 
-Private to :mod:`attention.efficient.distributed`, which validates the inputs, builds the
-schedule and calls :class:`RingAttention`. Shapes: query ``(..., n_local, d)``, key
+Private to :mod:`attention.efficient.distributed`, which validates the inputs, builds
+the schedule and calls :class:`RingAttention`. Shapes: query ``(..., n_local, d)``, key
 ``(..., n_local, d)``, value ``(..., n_local, e)``, the shard of one rank.
 """
 
@@ -64,11 +64,11 @@ def _wait(works: list) -> None:
 
 
 class RingAttention(torch.autograd.Function):
-    """Ring attention on this rank's shard; backward sends dK/dV accumulators around the ring.
+    """Ring attention on this rank's shard; backward sends dK/dV around the ring.
 
-    Returns ``(out, poisoned)``: ``poisoned`` ``(..., n_local, 1)`` marks the queries with
-    a NaN or ``+inf`` score against a key of any block, also one whose tile is skipped
-    (the caller makes those rows NaN, the package's rule), or None.
+    Returns ``(out, poisoned)``: ``poisoned`` ``(..., n_local, 1)`` marks the queries
+    with a NaN or ``+inf`` score against a key of any block, also one whose tile is
+    skipped (the caller makes those rows NaN, the package's rule), or None.
     """
 
     @staticmethod
@@ -89,10 +89,10 @@ class RingAttention(torch.autograd.Function):
                 k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
             for qa, kb, diagonal in step:
-                o, o_lse = forward(query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :], None,
-                                    diagonal, scale, block_size)  # fmt: skip
+                q_a, k_b, v_b = query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :]
+                o, o_lse = forward(q_a, k_b, v_b, None, diagonal, scale, block_size)
                 _merge(out[..., qa, :], lse[..., qa], o, o_lse)
-            # every block passes by, even one whose tiles are skipped: look at its scores
+            # every block passes by, even one whose tiles are skipped: check it
             bad = poisoned_rows(query, k_cur, scale, False)
             if bad is not None:
                 poisoned = bad if poisoned is None else poisoned | bad
@@ -126,9 +126,11 @@ class RingAttention(torch.autograd.Function):
                 acc_works = ring.exchange([], [dk_acc, dv_acc], tag=2)
             dk_part, dv_part = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
             for qa, kb, diagonal in step:
-                g = backward(query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :], None,
-                              diagonal, scale, block_size, lse[..., qa], dout[..., qa, :],
-                              delta[..., qa])  # fmt: skip
+                q_a, k_b, v_b = query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :]
+                g = backward(
+                    q_a, k_b, v_b, None, diagonal, scale, block_size,
+                    lse[..., qa], dout[..., qa, :], delta[..., qa],
+                )  # fmt: skip
                 dq[..., qa, :] += g[0]
                 dk_part[..., kb, :] += g[1]
                 dv_part[..., kb, :] += g[2]

@@ -1,11 +1,12 @@
 """The unchecked cores of tiled attention: the tiles, the forward and backward passes.
 
-Shared by :mod:`attention.efficient.tiled` (one device, :func:`attention.tiled_attention`)
-and :mod:`attention.efficient._ring` (ring attention across devices). :func:`forward` is
-the FlashAttention recurrence of chapter 14, :func:`backward` the recomputing backward
-pass of chapter 15. Inputs: query ``(..., i, d)``, key ``(..., j, d)``, value ``(..., j, e)``
-with batch dims that broadcast, an optional mask broadcastable to ``(..., i, j)``, a float
-scale and a block size ``>= 1``. Nothing here validates its arguments.
+Shared by :mod:`attention.efficient.tiled` (one device,
+:func:`attention.tiled_attention`) and :mod:`attention.efficient._ring` (ring attention
+across devices). :func:`forward` is the FlashAttention recurrence of chapter 14,
+:func:`backward` the recomputing backward pass of chapter 15. Inputs: query
+``(..., i, d)``, key ``(..., j, d)``, value ``(..., j, e)`` with batch dims that
+broadcast, an optional mask broadcastable to ``(..., i, j)``, a float scale and a block
+size ``>= 1``. Nothing here validates its arguments.
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ of a rank can see are skipped; the ``"zigzag"`` layout gives every rank the same
 of causal work :cite:`brandon2023striped`.
 
 Mask convention: ``is_causal`` is the top-left causal mask over *global* positions (the
-query at position ``p`` sees keys ``<= p``, wherever the two live), as ``is_causal=True``
-in ``torch.nn.functional.scaled_dot_product_attention``. :func:`ring_attention` refuses
-an ``attn_mask`` (boolean, True = may attend, in the rest of the package): a mask over
-global positions would have to travel around the ring with the keys.
+query at position ``p`` sees keys ``<= p``, wherever the two live), as
+``is_causal=True`` in ``torch.nn.functional.scaled_dot_product_attention``.
+:func:`ring_attention` refuses an ``attn_mask`` (boolean, True = may attend, in the rest
+of the package): a mask over global positions would travel around the ring with the
+keys.
 
 The processes here are local CPU processes talking over gloo (``run_distributed``); the
 same calls run unchanged over NCCL on GPUs.
@@ -275,9 +276,9 @@ def _local_problems(
     validate_attention(query, key, value, None, is_causal, scale, enable_gqa)
     if attn_mask is not None:
         raise ValueError(
-            "ring_attention takes no attn_mask: each rank holds a shard of the keys, and "
-            "a mask over global positions would have to travel around the ring with "
-            "them; pass is_causal=True for the causal mask, or use tiled_attention"
+            "ring_attention takes no attn_mask: each rank holds a shard of the keys, "
+            "and a mask over global positions would have to travel around the ring "
+            "with them; pass is_causal=True for the causal mask, or use tiled_attention"
         )
     _check_layout(layout)
     check_int("block_size", block_size, minimum=1)
@@ -331,9 +332,9 @@ def ring_attention(
         attn_mask: must be None (a ``ValueError`` says why): a mask over global
             positions would travel with the keys; use ``is_causal``.
         is_causal: top-left causal mask over *global* positions (query ``p`` sees keys
-            ``<= p`` whatever the layout); key blocks that none of a rank's queries can see
-            are skipped. A NaN or ``+inf`` score against a skipped key still makes its row
-            NaN, as in the dense reference.
+            ``<= p`` whatever the layout); key blocks that none of a rank's queries can
+            see are skipped. A NaN or ``+inf`` score against a skipped key still makes
+            its row NaN, as in the dense reference.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``; each rank
             repeats its key/value heads for their query heads before the ring.
@@ -409,8 +410,9 @@ def ring_attention(
         if summary != everyone[0][0]:
             raise ValueError(
                 "every rank must pass shards of one shape and dtype with the same "
-                "is_causal, scale, enable_gqa and layout (shards of unequal length come "
-                f"from a sequence length n not divisible by P = {world_size}); got "
+                "is_causal, scale, enable_gqa and layout (shards of unequal length "
+                "come from a sequence length n not divisible by "
+                f"P = {world_size}); got "
                 "(query, key, value, dtype, is_causal, scale, enable_gqa, layout) = "
                 f"{everyone[0][0]} on rank 0 and {summary} on rank {r}"
             )

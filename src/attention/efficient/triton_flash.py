@@ -27,16 +27,17 @@ interpreter (what ``TRITON_INTERPRET=1`` selects), which executes the same progr
 NumPy, block by block. The interpreter is for checking correctness, not for speed.
 
 ``is_causal`` is top-left, as in ``torch.nn.functional.scaled_dot_product_attention``:
-query ``q`` sees keys ``k <= q``. :func:`flash_attention_triton` is on the package's kernel
-contract but refuses an ``attn_mask`` (boolean, True = may attend, or float): a mask is
-what :func:`attention.tiled_attention` takes.
+query ``q`` sees keys ``k <= q``. :func:`flash_attention_triton` is on the package's
+kernel contract but refuses an ``attn_mask`` (boolean, True = may attend, or float): a
+mask is what :func:`attention.tiled_attention` takes.
 
-The kernels are public so that chapter 16 can read them: :func:`flash_forward_block` (the
-inner step), :func:`flash_forward_kernel`, and the three backward kernels
+The kernels are public so that chapter 16 can read them: :func:`flash_forward_block`
+(the inner step), :func:`flash_forward_kernel`, and the three backward kernels
 :func:`flash_backward_delta_kernel`, :func:`flash_backward_dkdv_kernel` and
-:func:`flash_backward_dq_kernel`; every launch goes through :func:`kernel_for`. On a GPU,
-``tl.dot`` multiplies float32 inputs in IEEE float32 here (``input_precision="ieee"``), not
-in TF32, so the float32 results hold the tolerances the tests assert.
+:func:`flash_backward_dq_kernel`; every launch goes through :func:`kernel_for`. On a
+GPU, ``tl.dot`` multiplies float32 inputs in IEEE float32 here
+(``input_precision="ieee"``), not in TF32, so the float32 results hold the tolerances
+the tests assert.
 """
 
 from __future__ import annotations
@@ -164,10 +165,10 @@ def flash_forward_kernel(
 
     The program loads its BLOCK_M queries once, starts the running maximum at ``-inf``
     and the running sum and accumulator at 0, folds in the key/value blocks with
-    :func:`flash_forward_block` (causal: the blocks below the diagonal unmasked, then the
-    diagonal block masked; the blocks above it are never loaded), divides once, and
-    stores the output rows and their log-sum-exp (base 2). Grid: ``(cdiv(i, BLOCK_M),
-    b·h)``.
+    :func:`flash_forward_block` (causal: the blocks below the diagonal unmasked, then
+    the diagonal block masked; the blocks above it are never loaded), divides once, and
+    stores the output rows and their log-sum-exp (base 2). Grid:
+    ``(cdiv(i, BLOCK_M), b·h)``.
     """
     start_m = tl.program_id(0)
     z = tl.program_id(1)
@@ -275,8 +276,8 @@ def flash_backward_delta_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Backward, kernel 1: ``D_i = rowsum(dO ∘ O)``, the term every ``dS_ij`` of row ``i``
-    subtracts. One program per (query block, batch·head)."""
+    """Backward, kernel 1: ``D_i = rowsum(dO ∘ O)``, the term every ``dS_ij`` of row
+    ``i`` subtracts. One program per (query block, batch·head)."""
     start_m = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -320,8 +321,8 @@ def flash_backward_dkdv_kernel(
     """Backward, kernel 2: one program per (key block ``start_n``, batch·head ``z``).
 
     Walks the query blocks that can see the key block, recomputes ``P`` from the saved
-    log-sum-exp and accumulates ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` for its BLOCK_N keys:
-    no other program writes those rows.
+    log-sum-exp and accumulates ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` for its BLOCK_N
+    keys: no other program writes those rows.
     """
     start_n = tl.program_id(0)
     z = tl.program_id(1)
@@ -495,8 +496,8 @@ def kernel_for(kernel, device: torch.device):
 
 def _block(device: torch.device, block_size: int | None, i: int, j: int) -> int:
     """The block size: given or 64 on CUDA, 16 on the interpreter; never past the
-    sequence (a block larger than the longer of ``i`` and ``j``, rounded up to a power of
-    two, would only compute padding)."""
+    sequence (a block larger than the longer of ``i`` and ``j``, rounded up to a power
+    of two, would only compute padding)."""
     block = (
         block_size if block_size is not None else 64 if device.type == "cuda" else 16
     )
@@ -504,10 +505,10 @@ def _block(device: torch.device, block_size: int | None, i: int, j: int) -> int:
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s input precision: "ieee" for float32, which NVIDIA GPUs would otherwise
-    multiply in TF32 (10-bit mantissas: errors near 1e-3 against float64); float16 and
-    bfloat16 products are exact on the tensor cores either way. (The interpreter computes
-    in NumPy and ignores the setting.)"""
+    """``tl.dot``'s input precision: "ieee" for float32, which NVIDIA GPUs would
+    otherwise multiply in TF32 (10-bit mantissas: errors near 1e-3 against float64);
+    float16 and bfloat16 products are exact on the tensor cores either way. (The
+    interpreter computes in NumPy and ignores the setting.)"""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -699,8 +700,8 @@ def _validate(
 
 
 def _nothing_to_compute(query, key, value, is_causal, scale, enable_gqa, return_lse):
-    """``i``, ``j`` or ``d`` is 0: the dense reference, which handles these as torch does
-    (no key: zeros; ``d = 0``: zero scores, the mean of the visible values)."""
+    """``i``, ``j`` or ``d`` is 0: the dense reference, which handles these as torch
+    does (no key: zeros; ``d = 0``: zero scores, the mean of the visible values)."""
     out = scaled_dot_product_attention(
         query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
     )
@@ -738,8 +739,8 @@ def flash_attention_triton(
     kernels skip still makes its row NaN, as in the dense reference.
 
     Args:
-        query: ``(..., h, i, d)``, e.g. ``(b, h, i, d)``; float16, bfloat16 (CUDA only) or
-            float32.
+        query: ``(..., h, i, d)``, e.g. ``(b, h, i, d)``; float16, bfloat16 (CUDA
+            only) or float32.
         key: ``(..., h_kv, j, d)``.
         value: ``(..., h_kv, j, d)``: the kernels need ``e = d``.
         attn_mask: must be None: the kernels apply only the causal mask, and a

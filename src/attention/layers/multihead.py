@@ -107,7 +107,7 @@ _SOFTMAX_KERNELS = (F.scaled_dot_product_attention, scaled_dot_product_attention
 
 
 def _takes_dropout(fn: Callable) -> bool:
-    """Whether ``fn`` accepts ``dropout_p=`` (True when its signature cannot be read)."""
+    """Whether ``fn`` takes ``dropout_p=`` (True when its signature cannot be read)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature, e.g. torch's SDPA
@@ -134,9 +134,9 @@ class MultiHeadAttention(nn.Module):
     Args:
         embed_dim: model size of the queries and of the output.
         num_heads: ``h``, query heads.
-        head_dim: ``d``, the size of each head (default ``embed_dim // num_heads``, which
-            must then divide). Independent of ``embed_dim`` as in Hugging Face's configs
-            (Gemma 7B: 16 heads of 256 on a model size of 3072).
+        head_dim: ``d``, the size of each head (default ``embed_dim // num_heads``,
+            which must then divide). Independent of ``embed_dim``, as in Hugging Face's
+            configs (Gemma 7B: 16 heads of 256 on a model size of 3072).
         num_kv_heads: ``h_kv``, key/value heads (default ``h``: plain multi-head attention;
             ``1``: multi-query attention; in between: grouped-query attention). Must divide
             ``num_heads``.
@@ -229,7 +229,8 @@ class MultiHeadAttention(nn.Module):
         if self.rope is not None:
             if head_dim % 2:
                 raise ValueError(
-                    f"rope rotates feature pairs, so head_dim must be even, got {head_dim}"
+                    "rope rotates feature pairs, so head_dim must be even, got "
+                    f"{head_dim}"
                 )
             check_scaling(self.rope.scaling, head_dim)
         if attention_fn is None:
@@ -328,7 +329,7 @@ class MultiHeadAttention(nn.Module):
             )
 
     def _check_inputs(self, query, key, value) -> None:
-        """Floating 3-d inputs of the module's sizes, dtype and device, in its layout."""
+        """Floating 3-d inputs of the module's sizes, dtype, device, in its layout."""
         if self.batch_first:
             layout, batch_axis, length_axis = "batch-first with shape (b, L, {})", 0, 1
         else:
