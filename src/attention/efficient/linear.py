@@ -812,7 +812,7 @@ def lightning_attention(
         scores = torch.where(
             future, 0.0, (qb @ kb.transpose(-2, -1)) * tile
         )  # (..., B, B)
-        intra = _matmul_skipping(scores, vb, future)  # (..., B, e)
+        intra = matmul_skipping(scores, vb, future)  # (..., B, e)
         inter = ((g * (pos + 1)[:, None]).exp() * qb) @ state  # (..., B, e)
         out[..., start : start + size, :] = intra + inter
         key_weight = (g * (size - 1 - pos)[:, None]).exp()  # (h, B, 1) or (B, 1)
