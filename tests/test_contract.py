@@ -7,16 +7,23 @@ with what it can do; every test runs over every kernel that can do what it tests
 validation messages, refusals of what a kernel cannot honour, rows with no visible key
 (zero output, finite gradients), NaN propagation, no keys at all (``j = 0``), masks that
 broadcast over every axis torch accepts, and equality with torch's
-``scaled_dot_product_attention`` (or the kernel's own reference).
+``scaled_dot_product_attention`` (or the kernel's own reference: :func:`_dense` below
+writes a softmax or sigmoid variant as "scores → modify → normalise → @ value").
+
+The Triton kernel joins the table when Triton is installed (under its interpreter on a
+CPU), ring attention in a one-process gloo group. The recurrent family
+(``initial_state``, ``output_final_state``, ``chunk_size``) has a table of its own.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import partial
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from attention import (
@@ -24,21 +31,96 @@ from attention import (
     attention_with_sinks,
     block_sparse_attention,
     dual_chunk_attention,
+    lightning_attention,
     linear_attention,
     linformer_attention,
     lsh_attention,
     scaled_dot_product_attention,
+    sigmoid_attention,
     sliding_window_attention,
     tiled_attention,
 )
+from attention.efficient.distributed import ring_attention
 from attention.efficient.linear import linear_attention_naive
+from attention.practice.logits import softcap_attention
 from conftest import qkv
+
+try:
+    from attention.efficient.triton_flash import flash_attention_triton
+except ImportError:  # the optional dependency triton is not installed
+    flash_attention_triton = None
 
 F64 = torch.float64
 
 
 def _torch(q, k, v, **kw):
     return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def _softmax_rows(s):
+    """Softmax over the keys; a row with no visible key (all -inf) gets zeros."""
+    dead = torch.isneginf(s).all(-1, keepdim=True)
+    return torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+
+
+def _dense(
+    q,
+    k,
+    v,
+    attn_mask=None,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    score_mod=None,
+    normalise=_softmax_rows,
+):
+    """An independent dense reference: scores → score_mod → mask → normalise → @ v."""
+    if enable_gqa:
+        r = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(r, -3), v.repeat_interleave(r, -3)
+    d = q.shape[-1]
+    factor = 1.0 if d == 0 else d**-0.5 if scale is None else scale  # torch's rule
+    s = (q @ k.transpose(-2, -1)) * factor
+    if score_mod is not None:
+        s = score_mod(s)
+    if is_causal:
+        attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=s.dtype).masked_fill(
+            ~attn_mask, -math.inf
+        )
+    if attn_mask is not None:
+        s = s + attn_mask.to(s.dtype)
+    return normalise(s) @ v
+
+
+CAP = 2.0
+
+
+def _softcap_reference(q, k, v, **kw):
+    return _dense(q, k, v, score_mod=lambda s: CAP * torch.tanh(s / CAP), **kw)
+
+
+def _sigmoid_reference(q, k, v, **kw):
+    bias = -math.log(k.shape[-2]) if k.shape[-2] else 0.0
+    return _dense(q, k, v, score_mod=lambda s: s + bias, normalise=torch.sigmoid, **kw)
+
+
+def _lightning_reference(q, k, v, *, scale=None, **kw):
+    d = q.shape[-1]
+    s = 1.0 if d == 0 else d**-0.5 if scale is None else scale
+    kw = {"is_causal": True, **kw}
+    return linear_attention(s * q, k, v, normalize=False, feature_map=lambda x: x, **kw)
+
+
+def _ring(q, k, v, **kw):
+    """Ring attention in a one-process gloo group (the ring has one step)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return ring_attention(q, k, v, block_size=2, **kw)
+    finally:
+        dist.destroy_process_group()
 
 
 def _causal_and(mask, i, j):
@@ -64,7 +146,11 @@ class Kernel:
     non_causal: bool = True  # honours is_causal=False
     scale: bool = True  # honours scale
     shared_qk: bool = False  # needs query is key (Reformer)
+    square: bool = False  # causal self-attention only: i = j
     exact: bool = True  # equals the reference to rounding
+    bounded_scores: bool = False  # its score_mod turns a +inf score finite (soft cap)
+    dtype: torch.dtype = F64  # the inputs the tests give it
+    same_size: bool = False  # needs e = d
     tol: dict = field(default_factory=dict)
 
 
@@ -149,7 +235,34 @@ KERNELS = [
         causal=False,
     ),
     Kernel("lsh_attention", _lsh, mask=False, shared_qk=True, exact=False),
+    Kernel(
+        "softcap_attention",
+        partial(softcap_attention, cap=CAP),
+        _softcap_reference,
+        bounded_scores=True,
+    ),
+    Kernel("sigmoid_attention", sigmoid_attention, _sigmoid_reference),
+    Kernel(
+        "lightning_attention",
+        partial(lightning_attention, block_size=4),
+        _lightning_reference,
+        mask=False,
+        non_causal=False,
+        square=True,
+    ),
+    Kernel("ring_attention", _ring, mask=False),
 ]
+if flash_attention_triton is not None:
+    KERNELS.append(
+        Kernel(
+            "flash_attention_triton",
+            flash_attention_triton,
+            mask=False,
+            dtype=torch.float32,
+            same_size=True,
+            tol={"atol": 2e-5, "rtol": 1e-5},
+        )
+    )
 IDS = [k.name for k in KERNELS]
 
 
@@ -162,9 +275,14 @@ def _kernels(**needs):
 
 
 def _inputs(kernel, i=5, j=7, h=4, h_kv=None, grad=False, **kw):
-    if kernel.shared_qk or not kernel.non_causal:
-        j = i if kernel.shared_qk else max(i, j)
-    q, k, v = qkv(i, j, batch=(2,), h=h, h_kv=h_kv, d=4, e=3, grad=grad, **kw)
+    if kernel.shared_qk or kernel.square:
+        j = i
+    elif not kernel.non_causal:
+        j = max(i, j)
+    e = 4 if kernel.same_size else 3
+    q, k, v = qkv(
+        i, j, batch=(2,), h=h, h_kv=h_kv, d=4, e=e, grad=grad, dtype=kernel.dtype, **kw
+    )
     return q, k, v
 
 
@@ -183,8 +301,9 @@ def test_validation_messages_name_the_rule(kernel):
             kernel.call(q.tolist(), k, v, **_opts(kernel))
     with pytest.raises(TypeError, match="floating"):
         kernel.call(q.long(), k.long() if kernel.shared_qk else k, v, **_opts(kernel))
+    other = torch.float16 if q.dtype != torch.float16 else torch.float32
     with pytest.raises((TypeError, ValueError), match="dtype"):
-        kernel.call(q, k, v.float(), **_opts(kernel))
+        kernel.call(q, k, v.to(other), **_opts(kernel))
     if not kernel.shared_qk:
         with pytest.raises(ValueError, match=r"\bd\b"):
             kernel.call(q, k[..., :3], v, **_opts(kernel))
@@ -227,7 +346,9 @@ def test_refuses_what_it_cannot_honour_and_says_why(kernel):
         with pytest.raises(ValueError, match="is_causal"):
             kernel.call(q, k, v, is_causal=True)
     if not kernel.non_causal:
-        with pytest.raises(ValueError, match="is_causal must be True"):
+        with pytest.raises(
+            ValueError, match=r"is_causal must be True|is_causal=True\)"
+        ):
             kernel.call(q, k, v, is_causal=False)
     if not kernel.scale:
         with pytest.raises(ValueError, match="scale"):
@@ -253,12 +374,12 @@ def test_equals_its_dense_reference_with_gradients(kernel, causal, h_kv):
     q, k, v = _inputs(kernel, i=6, j=6, h_kv=h_kv, grad=True)
     opts = {"is_causal": causal, "enable_gqa": h_kv != 4}
     out, ref = kernel.call(q, k, v, **opts), kernel.reference(q, k, v, **opts)
-    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out, ref, **kernel.tol)
     w = torch.randn_like(ref)
     for a, b in zip(
         torch.autograd.grad(out, (q, k, v), w), torch.autograd.grad(ref, (q, k, v), w)
     ):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, **kernel.tol)
 
 
 MASK_SHAPES = [
@@ -330,21 +451,21 @@ def test_nan_in_a_query_propagates_to_its_row_only(kernel):
 
 
 @pytest.mark.parametrize("kernel", _kernels(exact=True, mask=True))
-def test_a_masked_key_holding_inf_makes_rows_nan_as_in_the_reference(kernel):
+@pytest.mark.parametrize("poison", [math.inf, math.nan])
+def test_a_masked_key_holding_inf_makes_rows_nan_as_in_the_reference(kernel, poison):
     """The package's one rule for non-finite scores (torch's): a NaN or +inf score poisons
-    its row even against a masked key."""
+    its row even against a masked key (a soft cap turns +inf into the cap: no NaN)."""
     q, k, v = _inputs(kernel, i=6, j=6)
     q, k = q.clone(), k.clone()
     q[..., 0] = 1.0
-    k[..., 5, 0] = float("inf")
+    k[..., 5, 0] = poison
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[:, 5] = False
     out = kernel.call(q, k, v, attn_mask=mask, **_opts(kernel))
     ref = kernel.reference(q, k, v, attn_mask=mask, **_opts(kernel))
     torch.testing.assert_close(out, ref, equal_nan=True)
-    assert (
-        out.isnan().any()
-    )  # (every row, without RoPE turning some of these scores to -inf)
+    if not (kernel.bounded_scores and poison == math.inf):
+        assert out.isnan().any()  # (every row, unless RoPE turns some scores to -inf)
     torch.testing.assert_close(
         scaled_dot_product_attention(q, k, v, attn_mask=mask),
         _torch(q, k, v, attn_mask=mask),
@@ -354,8 +475,8 @@ def test_a_masked_key_holding_inf_makes_rows_nan_as_in_the_reference(kernel):
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
 def test_no_keys_gives_zeros(kernel):
-    i = 0 if (kernel.shared_qk or not kernel.non_causal) else 3
-    q, k, v = qkv(i, 0, batch=(2,), h=2, d=4, e=3, grad=True)
+    i = 0 if (kernel.shared_qk or kernel.square or not kernel.non_causal) else 3
+    q, k, v = qkv(i, 0, batch=(2,), h=2, d=4, e=3, grad=True, dtype=kernel.dtype)
     out = kernel.call(q, k, v, **_opts(kernel))
     assert out.shape == (2, 2, i, 3) and (out == 0).all()
     if i:
@@ -374,7 +495,7 @@ def test_zero_size_features_ignore_the_scale_as_torch(kernel):
     for scale in (None, float("nan"), 2.0):
         out = kernel.call(q, k, v, scale=scale, **_opts(kernel))
         torch.testing.assert_close(
-            out, kernel.reference(q, k, v, scale=scale, **_opts(kernel))
+            out, kernel.reference(q, k, v, scale=scale, **_opts(kernel)), **kernel.tol
         )
         assert (
             torch.isfinite(out).all()

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attention.efficient._launch import _fail, _sleep
+from attention import scaled_dot_product_attention
+from attention.efficient._launch import failing_worker, sleeping_worker
 from attention.efficient.distributed import (
     ring_attention,
     ring_forward_backward,
@@ -48,7 +49,9 @@ def _reference(q, k, v, go, is_causal, scale):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def _ring_in_group(group, q, k, v, go, layout, is_causal, scale, block_size):
+def _ring_in_group(
+    group, q, k, v, go, layout, is_causal, scale, block_size, enable_gqa=False
+):
     """Ring forward and backward inside ``group``; whole output and gradients gathered back."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     shards = [
@@ -56,7 +59,7 @@ def _ring_in_group(group, q, k, v, go, layout, is_causal, scale, block_size):
     ]
     q_, k_, v_ = (t.requires_grad_() for t in shards[:3])
     out = ring_attention(q_, k_, v_, is_causal=is_causal, scale=scale, group=group, layout=layout,
-                         block_size=block_size)  # fmt: skip
+                         block_size=block_size, enable_gqa=enable_gqa)  # fmt: skip
     out.backward(shards[3])
     whole = []
     for local in (out.detach(), q_.grad, k_.grad, v_.grad):
@@ -91,6 +94,23 @@ def _all_checks(rank, world_size):
             results[2, layout, is_causal, scale, block_size] = _ring_in_group(
                 mine, q, k, v, go, layout, is_causal, scale, block_size
             )
+    # grouped-query heads: 4 query heads read 2 key/value heads
+    g_q, g_k, g_v, g_go = _gqa_inputs()
+    for layout, is_causal in (("contiguous", True), ("zigzag", False)):
+        results["gqa", layout, is_causal] = _ring_in_group(
+            None, g_q, g_k, g_v, g_go, layout, is_causal, None, 4, enable_gqa=True
+        )
+    # a +inf in the last key: rank 0's causal queries never compute its tile
+    p_q, p_k, p_v = _poisoned_inputs()
+    for layout in ("contiguous", "zigzag"):
+        shards = [
+            shard_sequence(t, world_size, rank, layout=layout) for t in (p_q, p_k, p_v)
+        ]
+        with torch.no_grad():
+            local = ring_attention(*shards, is_causal=True, layout=layout)
+        parts = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(parts, local.contiguous())
+        results["poisoned", layout] = unshard_sequence(parts, layout=layout)
     errors = {}
     # rank 3 passes a shard of another length: every rank must raise, none may wait
     n_local = 5 if rank == 3 else 6
@@ -109,6 +129,21 @@ def _all_checks(rank, world_size):
     errors["rank_2_bad"] = _message(lambda: ring_attention(bad, y, y))
     dist.barrier()  # everyone is still in step after the errors
     return results, errors
+
+
+def _gqa_inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, N, 5, generator=g, dtype=F64)
+    k, v = (torch.randn(2, 2, N, 5, generator=g, dtype=F64) for _ in range(2))
+    return q, k, v, torch.randn(2, 4, N, 5, generator=g, dtype=F64)
+
+
+def _poisoned_inputs():
+    q, k, v, _ = _inputs(seed=2)
+    q, k = q.clone(), k.clone()
+    q[..., 0] = 1.0  # every query meets the +inf below with a positive weight
+    k[..., -1, 0] = float("inf")  # the last key: in every query's future
+    return q, k, v
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +173,30 @@ def test_ring_on_2_processes_in_a_group_equals_sdpa(
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("layout, is_causal", [("contiguous", True), ("zigzag", False)])
+def test_ring_with_grouped_query_heads_equals_sdpa(four_process_run, layout, is_causal):
+    (results, _), _ = four_process_run
+    q, k, v, go = _gqa_inputs()
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = SDPA(q, k, v, is_causal=is_causal, enable_gqa=True)
+    out.backward(go)
+    expected = (out.detach(), q.grad, k.grad, v.grad)
+    for a, b in zip(results["gqa", layout, is_causal], expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_an_inf_score_in_a_skipped_tile_makes_its_rows_nan(four_process_run, layout):
+    """The package's rule: a +inf score poisons its row even against a key in the
+    query's future, whose tile the causal ring never computes, as in the dense reference
+    (which adds the causal mask to the scores, as torch adds an attn_mask)."""
+    (results, _), _ = four_process_run
+    q, k, v = _poisoned_inputs()
+    expected = scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert expected.isnan().all()
+    torch.testing.assert_close(results["poisoned", layout], expected, equal_nan=True)
+
+
 def test_bad_shards_raise_on_every_rank_before_blocking(four_process_run):
     (_, errors), _ = (
         four_process_run  # rank 0's view; the run finishing shows no rank waited
@@ -165,7 +224,7 @@ def test_a_failing_rank_stops_the_others():
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="rank 1 refuses"):
         run_distributed(
-            _fail, 2, 1, timeout=600
+            failing_worker, 2, 1, timeout=600
         )  # rank 0 waits in a barrier for rank 1
     assert not multiprocessing.active_children()
     assert time.monotonic() - t0 < 300
@@ -174,7 +233,7 @@ def test_a_failing_rank_stops_the_others():
 def test_a_stuck_run_times_out_and_leaves_nothing():
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="had not finished after 3 s"):
-        run_distributed(_sleep, 2, 3600.0, timeout=3)
+        run_distributed(sleeping_worker, 2, 3600.0, timeout=3)
     assert time.monotonic() - t0 < 3 + 15  # the deadline, plus stopping the processes
     assert not multiprocessing.active_children()
 
@@ -183,11 +242,11 @@ def test_launcher_rejects_bad_arguments():
     with pytest.raises(TypeError, match="importable by name"):
         run_distributed(lambda rank, size: None, 2)
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
-        run_distributed(_sleep, 0, 1.0)
+        run_distributed(sleeping_worker, 0, 1.0)
     with pytest.raises(
         ValueError, match="timeout must be a positive number of seconds"
     ):
-        run_distributed(_sleep, 1, 1.0, timeout=0)
+        run_distributed(sleeping_worker, 1, 1.0, timeout=0)
 
 
 # ----------------------------------------------------------------------------- in this process
@@ -226,7 +285,7 @@ def test_bad_input_in_one_rank(one_process_group):
         ValueError, match="layout must be 'contiguous' or 'zigzag', got 'striped'"
     ):
         ring_attention(q, q, q, layout="striped")
-    with pytest.raises(TypeError, match="is_causal must be a bool, got str"):
+    with pytest.raises(TypeError, match="is_causal must be a bool .*got str"):
         ring_attention(q, q, q, is_causal="yes")
     with pytest.raises(TypeError, match="scale must be a float or None, got bool"):
         ring_attention(q, q, q, scale=True)
@@ -244,6 +303,12 @@ def test_bad_input_in_one_rank(one_process_group):
         ring_attention(q, q[..., :4, :], q[..., :4, :], is_causal=True)
     with pytest.raises(ValueError, match="must be on (one|the same) device"):
         ring_attention(q, q.to("meta"), q)
+    with pytest.raises(ValueError, match="ring_attention takes no attn_mask"):
+        ring_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        ring_attention(q, q, q, enable_gqa=1)
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        ring_attention(torch.randn(1, 3, 5, 3), q, q, enable_gqa=True)
 
 
 # ----------------------------------------------------------------------------- layouts and schedule

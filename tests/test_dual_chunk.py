@@ -205,13 +205,11 @@ def test_bad_input_is_refused():
         TypeError, match="rope must be a RotaryConfig or None, got dict"
     ):
         dual_chunk_attention(q, k, v, chunk_size=2, rope={"base": 10.0})
-    with pytest.raises(ValueError, match="give the RoPE options once"):
-        dual_chunk_attention(q, k, v, chunk_size=2, rope=RotaryConfig(), base=10.0)
-    with pytest.raises(ValueError, match="base must be finite and > 0, got -1"):
-        dual_chunk_attention(q, k, v, chunk_size=2, base=-1.0)
+    with pytest.raises(TypeError, match="base"):  # RotaryConfig is the one way
+        dual_chunk_attention(q, k, v, chunk_size=2, base=10.0)
 
 
-def test_rope_config_and_its_former_spelling_agree():
+def test_rope_config_options_are_applied():
     g = torch.Generator().manual_seed(5)
     q, k, v = (
         torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3)
@@ -224,17 +222,3 @@ def test_rope_config_and_its_former_spelling_agree():
         rope.rotate(q), rope.rotate(k), v, is_causal=True
     )
     torch.testing.assert_close(out, plain)  # 9 <= s + w + 1: plain RoPE attention
-    with pytest.warns(
-        DeprecationWarning, match="base, interleaved, scaling are replaced"
-    ):
-        old = dual_chunk_attention(
-            q,
-            k,
-            v,
-            chunk_size=8,
-            local_window=1,
-            base=50.0,
-            interleaved=True,
-            scaling={"type": "linear", "factor": 2.0},
-        )
-    assert torch.equal(old, out)

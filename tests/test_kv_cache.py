@@ -12,6 +12,7 @@ from torch.testing import assert_close
 from attention import (
     KVCache,
     MultiHeadAttention,
+    RotaryConfig,
     causal_mask,
     padding_mask,
 )
@@ -368,7 +369,11 @@ def test_any_split_into_prefill_and_chunks_equals_the_full_causal_call(
 ):
     torch.manual_seed(0)
     mha = MultiHeadAttention(
-        16, 4, num_kv_heads=2, rope=rope, dtype=torch.float64
+        16,
+        4,
+        num_kv_heads=2,
+        rope=RotaryConfig() if rope else None,
+        dtype=torch.float64,
     ).eval()
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     with torch.no_grad():

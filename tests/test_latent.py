@@ -64,7 +64,7 @@ def _hf_forward(module, x, positions=None):
 def test_equals_deepseek_v3_attention(q_lora_rank, interleave):
     ref = _reference(_config(q_lora_rank=q_lora_rank, rope_interleave=interleave))
     mla = MultiHeadLatentAttention.from_transformers(ref)
-    assert mla.rope_interleaved is interleave and mla.rope_base == 500.0
+    assert mla.rope.interleaved is interleave and mla.rope.base == 500.0
     assert mla.scale == pytest.approx(ref.scaling) == (6 + 4) ** -0.5
     x = torch.randn(2, 9, 32, dtype=D64)
     expected = _hf_forward(ref, x)
@@ -231,14 +231,12 @@ def test_ranks_that_do_not_fit():
         MultiHeadLatentAttention(
             16, 4, kv_lora_rank=0, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5
         )
-    with pytest.raises(TypeError, match="rope_interleaved must be a bool"):
-        MultiHeadLatentAttention(16, 4, rope_interleaved="yes", **DIMS)
     with pytest.raises(
         TypeError, match="rope must be a RotaryConfig or None, got bool"
     ):
         MultiHeadLatentAttention(16, 4, rope=True, **DIMS)
-    with pytest.raises(ValueError, match="give the RoPE options once"):
-        MultiHeadLatentAttention(16, 4, rope=RotaryConfig(), rope_base=10.0, **DIMS)
+    with pytest.raises(TypeError, match="rope_base"):  # RotaryConfig is the one way
+        MultiHeadLatentAttention(16, 4, rope_base=10.0, **DIMS)
     with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
         MultiHeadLatentAttention(
             16,
@@ -257,23 +255,6 @@ def test_constructor_checks_dtype_and_device():
         MultiHeadLatentAttention(16, 4, device=1.5, **DIMS)
     with pytest.raises(ValueError, match="device is not a valid device: 'gpu0'"):
         MultiHeadLatentAttention(16, 4, device="gpu0", **DIMS)
-
-
-def test_former_rope_spelling_warns_and_equals_the_config():
-    torch.manual_seed(0)
-    new = MultiHeadLatentAttention(
-        16, 4, rope=RotaryConfig(base=50.0, interleaved=True), **DIMS
-    )
-    with pytest.warns(
-        DeprecationWarning,
-        match=r"rope_base, rope_interleaved are replaced by rope=RotaryConfig",
-    ):
-        old = MultiHeadLatentAttention(
-            16, 4, rope_base=50.0, rope_interleaved=True, **DIMS
-        )
-    old.load_state_dict(new.state_dict())
-    x = torch.randn(2, 5, 16)
-    assert old.rope == new.rope and torch.equal(old(x)[0], new(x)[0])
 
 
 def test_bad_forward_arguments():

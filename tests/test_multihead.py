@@ -1,5 +1,6 @@
-"""Tests for attention.layers.multihead: parity with nn.MultiheadAttention, fused vs reference
-path, GQA/MQA against explicitly repeated heads, head splitting, gradients, bad input."""
+"""Tests for attention.layers.multihead: parity with nn.MultiheadAttention, the one path
+through attention_fn, a head size independent of the number of heads, GQA/MQA against
+explicitly repeated heads, head splitting, gradients, bad input."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch.testing import assert_close
 
 from attention import (
     MultiHeadAttention,
+    RotaryConfig,
     causal_mask,
     merge_heads,
     padding_mask,
@@ -351,9 +353,12 @@ def test_fused_path_agrees_with_functional_sdpa_in_float32():
 
 def test_rejects_embed_dim_not_divisible_by_num_heads():
     with pytest.raises(
-        ValueError, match="embed_dim must be divisible by num_heads, got 10 and 3"
+        ValueError,
+        match="embed_dim must be divisible by num_heads when head_dim is not given, "
+        "got 10 and 3",
     ):
         MultiHeadAttention(10, 3)
+    assert MultiHeadAttention(10, 3, head_dim=4).w_query.out_features == 12
 
 
 def test_rejects_num_heads_not_divisible_by_num_kv_heads():
@@ -469,6 +474,11 @@ def test_sequence_first_matches_torch(need_weights):
         ValueError, match=r"sequence-first with shape \(L, b, embed_dim\)"
     ):
         seq_first(q[0], k, v)
+    for one_d in (q[0, 0], torch.randn(12, dtype=DT)):  # checked before transposing
+        with pytest.raises(ValueError, match=r"query must be sequence-first"):
+            seq_first(one_d, k, v)
+    with pytest.raises(ValueError, match="same batch size, got 2, 3 and 3"):
+        seq_first(q, torch.randn(6, 3, 5, dtype=DT), torch.randn(6, 3, 7, dtype=DT))
 
 
 def test_attention_fn_puts_another_kernel_inside():
@@ -552,15 +562,142 @@ def test_attention_fn_refusals():
         TypeError, match="attention_fn must be callable or None, got int"
     ):
         MultiHeadAttention(8, 2, attention_fn=3)
-    with pytest.raises(ValueError, match="a custom attention_fn takes no dropout"):
+    with pytest.raises(
+        ValueError,
+        match="dropout=0.1 is passed to attention_fn as dropout_p, which "
+        "tiled_attention does not take",
+    ):
         MultiHeadAttention(8, 2, attention_fn=tiled_attention, dropout=0.1)
     x = torch.randn(1, 3, 8)
     with pytest.raises(
-        ValueError, match="need_weights=True needs the reference kernel"
+        ValueError,
+        match="need_weights=True returns the softmax weights of the reference",
     ):
         MultiHeadAttention(8, 2, attention_fn=tiled_attention)(
             x, x, x, need_weights=True
         )
+
+
+def test_attention_fn_that_returns_a_tuple_or_a_wrong_shape_is_named():
+    from functools import partial
+
+    from attention import tiled_attention
+
+    x = torch.randn(1, 3, 8)
+    pair = MultiHeadAttention(
+        8, 2, attention_fn=partial(tiled_attention, return_lse=True)
+    )
+    with pytest.raises(
+        TypeError, match=r"must return one tensor \(b, h, i, d\), got tuple"
+    ):
+        pair(x, x, x)
+    wrong = MultiHeadAttention(8, 2, attention_fn=lambda q, k, v, **kw: q[..., :1, :])
+    with pytest.raises(
+        ValueError,
+        match=r"must return the shape \(b, h, i, d\) = \(1, 2, 3, 4\) .* got "
+        r"\(1, 2, 1, 4\)",
+    ):
+        wrong(x, x, x)
+
+
+def test_dropout_reaches_a_kernel_that_takes_dropout_p():
+    """The package's reference takes dropout_p like torch's SDPA: both run dropout."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(
+        8, 2, dropout=0.5, attention_fn=scaled_dot_product_attention, dtype=DT
+    ).train()
+    x = torch.randn(1, 6, 8, dtype=DT)
+    torch.manual_seed(1)
+    a = m(x, x, x)[0]
+    torch.manual_seed(2)
+    b = m(x, x, x)[0]
+    assert not torch.allclose(a, b)
+    m.eval()
+    assert_close(m(x, x, x)[0], m(x, x, x)[0])
+
+
+def test_the_weights_returned_are_the_ones_the_output_is_made_of():
+    """need_weights computes the reference weights beside the kernel's output: merging
+    their heads' weighted values and projecting gives the output."""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(12, 3, num_kv_heads=1, dtype=DT).eval()
+    x = torch.randn(2, 5, 12, dtype=DT)
+    mask = torch.rand(5, 5) > 0.3
+    out, w = m(x, x, x, attn_mask=mask, need_weights=True)
+    v = split_heads(m.w_value(x), 1)  # (b, 1, j, d): one key/value head for all three
+    assert_close(out, m.w_out(merge_heads(w @ v)))
+
+
+# ---------------------------------------------------------------- head_dim
+
+
+def test_head_dim_independent_of_embed_dim_matches_a_hand_written_reference():
+    """Gemma's layout: the heads' total size h·d differs from the model size (here 4
+    heads of 6 on a model of 16, with 2 key/value heads), so w_query maps 16 -> 24 and
+    w_out 24 -> 16. The reference is written out head by head from the weights."""
+    torch.manual_seed(0)
+    h, h_kv, d, embed = 4, 2, 6, 16
+    m = MultiHeadAttention(embed, h, head_dim=d, num_kv_heads=h_kv, dtype=DT).eval()
+    assert (m.w_query.out_features, m.w_key.out_features, m.w_out.in_features) == (
+        h * d,
+        h_kv * d,
+        h * d,
+    )
+    x = torch.randn(2, 7, embed, dtype=DT)
+    heads = []
+    for n in range(h):
+        g = n // (h // h_kv)  # the key/value head query head n reads
+        rows, kv_rows = slice(n * d, (n + 1) * d), slice(g * d, (g + 1) * d)
+        qn = x @ m.w_query.weight[rows].T + m.w_query.bias[rows]  # (b, i, d)
+        kn = x @ m.w_key.weight[kv_rows].T + m.w_key.bias[kv_rows]
+        vn = x @ m.w_value.weight[kv_rows].T + m.w_value.bias[kv_rows]
+        scores = qn @ kn.transpose(-2, -1) / d**0.5
+        scores = scores.masked_fill(
+            ~torch.ones(7, 7, dtype=torch.bool).tril(), -torch.inf
+        )
+        heads.append(torch.softmax(scores, -1) @ vn)
+    expected = torch.cat(heads, -1) @ m.w_out.weight.T + m.w_out.bias
+    out, w = m(x, x, x, is_causal=True, need_weights=True)
+    assert out.shape == (2, 7, embed) and w.shape == (2, h, 7, 7)
+    assert_close(out, expected)
+    cache = m.new_cache(2, 7)
+    with torch.no_grad():
+        steps = [m(x[:, :3], x[:, :3], x[:, :3], is_causal=True, cache=cache)[0]]
+        for t in range(3, 7):
+            xt = x[:, t : t + 1]
+            steps.append(m(xt, xt, xt, is_causal=True, cache=cache)[0])
+    assert_close(torch.cat(steps, 1), expected)
+
+
+def test_head_dim_equal_to_embed_dim_over_heads_is_torch_layout():
+    ref = _torch_mha(12, 3)
+    ours = MultiHeadAttention(12, 3, head_dim=4, dtype=DT).eval()
+    ours.load_state_dict(MultiHeadAttention.from_torch(ref).state_dict())
+    q, k, v = _inputs(2, 5, 6, 12, 12, 12)
+    assert_close(ours(q, k, v)[0], ref(q, k, v)[0])
+
+
+def test_rejects_bad_head_dim():
+    with pytest.raises(ValueError, match="head_dim must be >= 1, got 0"):
+        MultiHeadAttention(8, 2, head_dim=0)
+    with pytest.raises(TypeError, match="head_dim must be an int"):
+        MultiHeadAttention(8, 2, head_dim=4.0)
+    with pytest.raises(ValueError, match="head_dim must be even, got 3"):
+        MultiHeadAttention(8, 2, head_dim=3, rope=RotaryConfig())
+
+
+# ---------------------------------------------------------------- RoPE, one way
+
+
+def test_rope_is_given_only_as_a_rotary_config():
+    with pytest.raises(
+        TypeError, match="rope must be a RotaryConfig or None, got bool"
+    ):
+        MultiHeadAttention(8, 2, rope=True)
+    with pytest.raises(TypeError, match="rope_base"):
+        MultiHeadAttention(8, 2, rope_base=10.0)
+    assert MultiHeadAttention(8, 2).rope is None
+    assert MultiHeadAttention(8, 2, rope=RotaryConfig(base=50.0)).rope.base == 50.0
 
 
 # ---------------------------------------------------------------- one contract, every boundary

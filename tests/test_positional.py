@@ -615,7 +615,7 @@ def test_rope_multihead_positions_argument():
 
 
 def test_rope_multihead_attention_refuses_bad_input():
-    mha = MultiHeadAttention(16, 2, rope=True)
+    mha = MultiHeadAttention(16, 2, rope=RotaryConfig())
     x, memory = torch.randn(1, 4, 16), torch.randn(1, 6, 16)
     with pytest.raises(ValueError, match="same length, got 6 and 4"):
         mha(x, memory, memory)  # cross-attention
@@ -627,43 +627,20 @@ def test_rope_multihead_attention_refuses_bad_input():
         mha(x, x, x, positions=torch.arange(4.0))
     with pytest.raises(ValueError, match="must broadcast"):
         mha(x, x, x, positions=torch.arange(5))
-    with pytest.raises(
-        ValueError, match="head size embed_dim // num_heads must be even, got 3"
-    ):
-        MultiHeadAttention(6, 2, rope=True)
-    with pytest.raises(
-        TypeError, match="rope must be a RotaryConfig, a bool or None, got int"
-    ):
+    with pytest.raises(ValueError, match="head_dim must be even, got 3"):
+        MultiHeadAttention(6, 2, rope=RotaryConfig())
+    with pytest.raises(TypeError, match="rope must be a RotaryConfig or None, got int"):
         MultiHeadAttention(16, 2, rope=1)
+    with pytest.raises(
+        TypeError, match="rope must be a RotaryConfig or None, got bool"
+    ):
+        MultiHeadAttention(16, 2, rope=True)
     with pytest.raises(ValueError, match="base must be finite and > 0"):
         MultiHeadAttention(16, 2, rope=RotaryConfig(base=-1.0))
     with pytest.raises(ValueError, match="NTK scaling needs d >= 4"):
         MultiHeadAttention(
             4, 2, rope=RotaryConfig(scaling={"type": "ntk", "factor": 2.0})
         )
-
-
-def test_rope_former_spelling_still_works_with_a_deprecation_warning():
-    x = _randn(1, 5, 16, seed=3).float()
-    new = MultiHeadAttention(
-        16, 2, rope=RotaryConfig(base=500.0, interleaved=True)
-    ).eval()
-    with pytest.warns(DeprecationWarning, match="rope=RotaryConfig"):
-        old = MultiHeadAttention(
-            16, 2, rope=True, rope_base=500.0, rope_interleaved=True
-        ).eval()
-    old.load_state_dict(new.state_dict())
-    assert old.rope == new.rope and (old.rope_base, old.rope_interleaved) == (
-        500.0,
-        True,
-    )
-    with torch.no_grad():
-        assert torch.equal(old(x, x, x)[0], new(x, x, x)[0])
-    assert MultiHeadAttention(16, 2, rope=True).rope == RotaryConfig()
-    assert (
-        MultiHeadAttention(16, 2).rope is None
-        and MultiHeadAttention(16, 2, rope=False).rope is None
-    )
 
 
 def test_rotary_config_is_validated_frozen_and_rotates_as_apply_rope():

@@ -49,8 +49,12 @@ def test_every_entry_has_a_doi_or_a_url():
 
 
 def test_no_entry_holds_tex_math_that_the_html_would_show_raw():
-    raw = [f"{key}: {name}" for key, entry in entries().items()
-           for name, value in entry.fields.items() if "$" in value or "\\(" in value]
+    raw = [
+        f"{key}: {name}"
+        for key, entry in entries().items()
+        for name, value in entry.fields.items()
+        if "$" in value or "\\(" in value
+    ]
     assert raw == []
 
 

@@ -8,11 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention import entropy, log_softmax, logsumexp, softmax
-from attention.foundations.softmax import (
-    softmax_jacobian,
-    three_pass_softmax,
-    two_pass_softmax,
-)
+from attention.foundations.softmax import softmax_jacobian, three_pass_softmax
 
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False)
 rows = st.lists(finite, min_size=1, max_size=12)
@@ -28,12 +24,6 @@ def test_matches_torch(dim, dtype):
     torch.testing.assert_close(softmax(x, dim=dim), torch.softmax(x, dim=dim))
     torch.testing.assert_close(log_softmax(x, dim=dim), torch.log_softmax(x, dim=dim))
     torch.testing.assert_close(logsumexp(x, dim=dim), torch.logsumexp(x, dim=dim))
-
-
-def test_three_pass_keeps_its_former_name():
-    assert (
-        two_pass_softmax is three_pass_softmax
-    )  # the former name, still used by chapter 14
 
 
 def test_three_pass_matches_softmax():
@@ -160,7 +150,7 @@ def test_entropy_propagates_nan_and_handles_empty_and_zero():
     )
 
 
-def test_softmax_jacobian_and_two_pass_of_empty_rows():
+def test_softmax_jacobian_and_three_pass_of_empty_rows():
     assert softmax_jacobian(torch.zeros(3, 0)).shape == (3, 0, 0)
     assert three_pass_softmax(torch.zeros(3, 0)).shape == (3, 0)
 

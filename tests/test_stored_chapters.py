@@ -53,21 +53,36 @@ def _text(value) -> str:
 # --- scripts/execute_chapter.py ------------------------------------------------------------
 def test_a_progress_bar_leaves_its_final_frame_only():
     ex = _script()
-    frames = [stream("stderr", f"\r{p:3d}%|{'#' * (p // 10):<10}|") for p in range(0, 101, 10)]
-    out = ex.coalesce_streams([stream("stdout", "start\n"), *frames, stream("stderr", "\n")])
+    frames = [
+        stream("stderr", f"\r{p:3d}%|{'#' * (p // 10):<10}|") for p in range(0, 101, 10)
+    ]
+    out = ex.coalesce_streams(
+        [stream("stdout", "start\n"), *frames, stream("stderr", "\n")]
+    )
     assert [(o["name"], o["text"]) for o in out] == [
-        ("stdout", "start\n"), ("stderr", "100%|##########|\n")
+        ("stdout", "start\n"),
+        ("stderr", "100%|##########|\n"),
     ]
 
 
 def test_coalescing_keeps_the_order_and_the_other_outputs():
     ex = _script()
     figure = nbformat.v4.new_output("display_data", data={"text/plain": "<Figure>"})
-    outputs = [stream("stdout", "a\n"), stream("stdout", "b\n"), figure,
-               stream("stdout", "c\n"), stream("stderr", "w\n"), stream("stdout", "d\r\n")]
+    outputs = [
+        stream("stdout", "a\n"),
+        stream("stdout", "b\n"),
+        figure,
+        stream("stdout", "c\n"),
+        stream("stderr", "w\n"),
+        stream("stdout", "d\r\n"),
+    ]
     out = ex.coalesce_streams(outputs)
     assert [o.get("name", o["output_type"]) for o in out] == [
-        "stdout", "display_data", "stdout", "stderr", "stdout"
+        "stdout",
+        "display_data",
+        "stdout",
+        "stderr",
+        "stdout",
     ]
     assert [o.get("text") for o in out] == ["a\nb\n", None, "c\n", "w\n", "d\n"]
 
@@ -82,8 +97,11 @@ def test_clean_stream_text_applies_carriage_returns_and_backspaces_per_line():
 
 def test_execute_chapter_runs_a_fresh_kernel_in_the_notebooks_folder(tmp_path):
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.cells = [
         nbformat.v4.new_code_cell(
             "import sys\n"
@@ -115,14 +133,23 @@ def test_stored_chapters_hold_one_output_per_stream_and_no_progress_frames():
         for n, cell in enumerate(code_cells(load(path))):
             outputs = cell.get("outputs", [])
             for a, b in zip(outputs, outputs[1:]):
-                if (a["output_type"] == b["output_type"] == "stream"
-                        and a["name"] == b["name"]):
-                    bad.append(f"{path.name} code cell {n}: consecutive {a['name']} outputs")
+                if (
+                    a["output_type"] == b["output_type"] == "stream"
+                    and a["name"] == b["name"]
+                ):
+                    bad.append(
+                        f"{path.name} code cell {n}: consecutive {a['name']} outputs"
+                    )
                     break
-            if any(o["output_type"] == "stream" and "\r" in _text(o["text"]) for o in outputs):
-                bad.append(f"{path.name} code cell {n}: a carriage return (progress frames)")
-    assert bad == [], (
-        "store chapters with scripts/execute_chapter.py:\n" + "\n".join(bad[:40])
+            if any(
+                o["output_type"] == "stream" and "\r" in _text(o["text"])
+                for o in outputs
+            ):
+                bad.append(
+                    f"{path.name} code cell {n}: a carriage return (progress frames)"
+                )
+    assert bad == [], "store chapters with scripts/execute_chapter.py:\n" + "\n".join(
+        bad[:40]
     )
 
 
@@ -148,12 +175,16 @@ def too_wide(path: Path) -> list[str]:
     for n, cell in enumerate(code_cells(load(path))):
         for k, line in enumerate(_text(cell["source"]).splitlines(), 1):
             if columns(line) > MAX_COLUMNS:
-                found.append(f"{path.name} code cell {n} line {k}: {columns(line)} columns")
+                found.append(
+                    f"{path.name} code cell {n} line {k}: {columns(line)} columns"
+                )
         for text in printed_texts(cell):
             for line in text.splitlines():
                 if columns(line) > MAX_COLUMNS:
-                    found.append(f"{path.name} code cell {n} output: {columns(line)} columns:"
-                                 f" {line[:40]}...")
+                    found.append(
+                        f"{path.name} code cell {n} output: {columns(line)} columns:"
+                        f" {line[:40]}..."
+                    )
     return found
 
 
@@ -166,15 +197,33 @@ def test_the_width_check_counts_columns():
 @pytest.mark.xfail(strict=True, reason="chapters not yet formatted to 88 columns")
 def test_every_code_line_and_printed_line_fits_88_columns():
     found = [line for path in CHAPTERS for line in too_wide(path)]
-    assert found == [], f"{len(found)} lines wider than {MAX_COLUMNS} columns:\n" + "\n".join(
-        found[:40]
+    assert found == [], (
+        f"{len(found)} lines wider than {MAX_COLUMNS} columns:\n"
+        + "\n".join(found[:40])
     )
 
 
 # --- Figure text sizes in the chapters' code ----------------------------------------------
-TEXT_CALLS = {"text", "annotate", "set_title", "set_xlabel", "set_ylabel", "suptitle",
-              "supxlabel", "supylabel", "title", "xlabel", "ylabel", "legend", "set_label",
-              "figtext", "table", "clabel", "bar_label", "set_fontsize"}
+TEXT_CALLS = {
+    "text",
+    "annotate",
+    "set_title",
+    "set_xlabel",
+    "set_ylabel",
+    "suptitle",
+    "supxlabel",
+    "supylabel",
+    "title",
+    "xlabel",
+    "ylabel",
+    "legend",
+    "set_label",
+    "figtext",
+    "table",
+    "clabel",
+    "bar_label",
+    "set_fontsize",
+}
 SIZE_KEYWORDS = {"fontsize", "labelsize", "title_fontsize"}
 
 
@@ -192,8 +241,10 @@ def points(node: ast.AST) -> float | None:
 
 def _python(source: str) -> str:
     """Cell source without IPython magics and shell escapes, so ast can parse it."""
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                     for line in source.splitlines())
+    return "\n".join(
+        "" if line.lstrip().startswith(("%", "!")) else line
+        for line in source.splitlines()
+    )
 
 
 def small_font_sizes(source: str) -> list[tuple[int, str, float]]:
@@ -212,11 +263,21 @@ def small_font_sizes(source: str) -> list[tuple[int, str, float]]:
                     found.append((node.lineno, f"{name}({kw.arg}=...)", size))
             if name == "update" and node.args and isinstance(node.args[0], ast.Dict):
                 for key, value in zip(node.args[0].keys, node.args[0].values):
-                    if _is_size_key(key) and (p := points(value)) is not None and p < MIN_POINTS:
+                    if (
+                        _is_size_key(key)
+                        and (p := points(value)) is not None
+                        and p < MIN_POINTS
+                    ):
                         found.append((node.lineno, f"rcParams {key.value}", p))
-        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript):
+        elif isinstance(node, ast.Assign) and isinstance(
+            node.targets[0], ast.Subscript
+        ):
             key = node.targets[0].slice
-            if _is_size_key(key) and (p := points(node.value)) is not None and p < MIN_POINTS:
+            if (
+                _is_size_key(key)
+                and (p := points(node.value)) is not None
+                and p < MIN_POINTS
+            ):
                 found.append((node.lineno, f"rcParams {key.value}", p))
     return sorted(found)
 
@@ -229,19 +290,30 @@ def _dict_size(node: ast.Dict) -> float | None:
 
 
 def _is_size_key(key) -> bool:
-    return (isinstance(key, ast.Constant) and isinstance(key.value, str)
-            and key.value.endswith("size") and key.value.split(".")[0] in
-            {"font", "axes", "xtick", "ytick", "legend", "figure"})
+    return (
+        isinstance(key, ast.Constant)
+        and isinstance(key.value, str)
+        and key.value.endswith("size")
+        and key.value.split(".")[0]
+        in {"font", "axes", "xtick", "ytick", "legend", "figure"}
+    )
 
 
 def test_the_font_size_check_finds_small_text():
-    src = ("ax.legend(fontsize=7)\nax.text(0, 0, 's', size='x-small')\n"
-           "ax.tick_params(labelsize=6)\nplt.rcParams['legend.fontsize'] = 5\n"
-           "ax.legend(prop={'size': 6})\nplt.rcParams.update({'font.size': 7})\n"
-           "ax.set_title('t', fontsize=8)\nax.legend(fontsize='small')\n"
-           "torch.randn(3, size=4)\n%matplotlib inline\n")
+    src = (
+        "ax.legend(fontsize=7)\nax.text(0, 0, 's', size='x-small')\n"
+        "ax.tick_params(labelsize=6)\nplt.rcParams['legend.fontsize'] = 5\n"
+        "ax.legend(prop={'size': 6})\nplt.rcParams.update({'font.size': 7})\n"
+        "ax.set_title('t', fontsize=8)\nax.legend(fontsize='small')\n"
+        "torch.randn(3, size=4)\n%matplotlib inline\n"
+    )
     assert [(line, size) for line, _, size in small_font_sizes(src)] == [
-        (1, 7.0), (2, pytest.approx(6.94, abs=0.01)), (3, 6.0), (4, 5.0), (5, 6.0), (6, 7.0)
+        (1, 7.0),
+        (2, pytest.approx(6.94, abs=0.01)),
+        (3, 6.0),
+        (4, 5.0),
+        (5, 6.0),
+        (6, 7.0),
     ]
 
 
@@ -251,6 +323,7 @@ def test_no_chapter_sets_figure_text_below_8_points():
     for path in CHAPTERS:
         for n, cell in enumerate(code_cells(load(path))):
             for line, what, size in small_font_sizes(_text(cell["source"])):
-                found.append(f"{path.name} code cell {n} line {line}: {what} is {size:.3g} pt")
+                found.append(
+                    f"{path.name} code cell {n} line {line}: {what} is {size:.3g} pt"
+                )
     assert found == [], "text below 8 pt:\n" + "\n".join(found)
-

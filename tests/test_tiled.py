@@ -11,7 +11,6 @@ from attention import (
     softmax,
     tiled_attention,
 )
-from attention.efficient.tiled import online_softmax_blocked
 from conftest import qkv
 
 F64 = torch.float64
@@ -38,9 +37,9 @@ def test_online_softmax_equals_softmax(block_size, dim):
     )
 
 
-def test_online_softmax_blocked_equals_softmax():
+def test_online_softmax_in_blocks_equals_softmax():
     x = torch.randn(3, 4, 130, dtype=F64)
-    torch.testing.assert_close(online_softmax_blocked(x, block_size=16), softmax(x))
+    torch.testing.assert_close(online_softmax(x, block_size=16), softmax(x))
 
 
 def test_online_softmax_large_and_increasing_inputs():

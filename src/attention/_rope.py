@@ -3,13 +3,12 @@
 
 Shared by :mod:`attention.layers.positional` (``apply_rope``),
 :mod:`attention.layers.multihead`, :mod:`attention.practice.latent` and :mod:`attention.layers.dual_chunk`, which
-validate once at their boundary and then rotate with :func:`_apply_rope`. Shapes: ``x``
+validate once at their boundary and then rotate with :func:`rope_rotate`. Shapes: ``x``
 ``(..., n, d)`` with ``d`` even, positions broadcastable to ``(..., n)``.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ _SCALING_TYPES = ("linear", "ntk")
 # ------------------------------------------------------------------ boundary checks
 
 
-def _check_feature_size(d, name: str = "d") -> int:
+def check_feature_size(d, name: str = "d") -> int:
     """The feature size of a rotary or sinusoidal encoding: an even int >= 0."""
     d = check_int(name, d, minimum=0)
     if d % 2:
@@ -42,18 +41,18 @@ def _check_feature_size(d, name: str = "d") -> int:
     return d
 
 
-def _check_base(base) -> float:
+def check_base(base) -> float:
     return check_positive("base", base)
 
 
-def _check_dtype(dtype) -> torch.dtype:
+def check_float_dtype(dtype) -> torch.dtype:
     """None (torch's default dtype) or a floating-point dtype."""
     if dtype is None:
         return torch.get_default_dtype()
     return check_dtype("dtype", dtype, floating=True)
 
 
-def _check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
+def check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
     """Normalise a ``scaling`` dict to ``(type, factor)``; None stays None."""
     if scaling is None:
         return None
@@ -86,7 +85,7 @@ def _check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
     return kind, float(factor)
 
 
-def _check_positions(
+def check_positions(
     positions, shape: tuple[int, ...], like: Tensor, like_name: str, what: str
 ) -> Tensor:
     """Integer positions on ``like``'s device that broadcast to ``shape`` (named ``what``)."""
@@ -114,7 +113,7 @@ def _check_positions(
 # ------------------------------------------------------------------ unchecked cores
 
 
-def _inv_freq(
+def inv_freq(
     d: int, base: float, scaling: tuple[str, float] | None, device=None
 ) -> Tensor:
     """``(d/2,)`` float64 inverse frequencies ``base^(-2k/d)``, after ``scaling``."""
@@ -139,7 +138,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
 
 
-def _apply_rope(
+def rope_rotate(
     x: Tensor,
     positions: Tensor,
     base: float,
@@ -147,26 +146,26 @@ def _apply_rope(
     scaling: tuple[str, float] | None,
 ) -> Tensor:
     """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
-    angles = positions.to(torch.float64)[..., None] * _inv_freq(
+    angles = positions.to(torch.float64)[..., None] * inv_freq(
         x.shape[-1], base, scaling, x.device
     )
     return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
 def rotate(x, positions, base, interleaved, scaling) -> Tensor:
-    """:func:`attention.apply_rope`: its checks, then :func:`_apply_rope`."""
+    """:func:`attention.apply_rope`: its checks, then :func:`rope_rotate`."""
     check_tensor("x", x, floating=True, min_dim=2)
-    d = _check_feature_size(x.shape[-1], "the last dimension d of x")
-    base = _check_base(base)
+    d = check_feature_size(x.shape[-1], "the last dimension d of x")
+    base = check_base(base)
     check_bool("interleaved", interleaved)
-    scaling = _check_scaling(scaling, d)
+    scaling = check_scaling(scaling, d)
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)  # (n,)
     else:
-        positions = _check_positions(
+        positions = check_positions(
             positions, tuple(x.shape[:-1]), x, "x", "x.shape[:-1]"
         )
-    return _apply_rope(x, positions, base, interleaved, scaling)
+    return rope_rotate(x, positions, base, interleaved, scaling)
 
 
 class _FrozenScaling(Mapping):
@@ -224,9 +223,9 @@ class RotaryConfig:
     scaling: Mapping | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "base", _check_base(self.base))
+        object.__setattr__(self, "base", check_base(self.base))
         check_bool("interleaved", self.interleaved)
-        _check_scaling(self.scaling, None)
+        check_scaling(self.scaling, None)
         if self.scaling is not None:  # a frozen copy: the config cannot change under us
             object.__setattr__(self, "scaling", _FrozenScaling(self.scaling))
 
@@ -235,36 +234,17 @@ class RotaryConfig:
         return rotate(x, positions, self.base, self.interleaved, self.scaling)
 
 
-def rope_config(rope, owner: str, **legacy):
-    """One :class:`attention.RotaryConfig` from ``rope`` or from the former separate options.
+def rope_config(rope, *, default: RotaryConfig | None) -> RotaryConfig | None:
+    """``rope`` checked: a :class:`attention.RotaryConfig`, or None for ``default``.
 
-    ``legacy`` maps a former parameter name to ``(field, value)`` (``value`` None when not
-    given); given ones are checked under their own name, folded into a config and warned
-    about (``DeprecationWarning``). ``rope=None`` with none given is the default config.
+    The one way to give RoPE options (no separate ``base=`` or ``interleaved=`` flags):
+    a module or function that rotates takes ``rope=RotaryConfig(...)``.
     """
-    if rope is not None and not isinstance(rope, RotaryConfig):
+    if rope is None:
+        return default
+    if not isinstance(rope, RotaryConfig):
         raise TypeError(
-            f"rope must be a RotaryConfig or None, got {type(rope).__name__}"
+            f"rope must be a RotaryConfig or None, got {type(rope).__name__} {rope!r} "
+            "(pass rope=RotaryConfig(...), e.g. RotaryConfig(base=500000.0))"
         )
-    given = {name: fv for name, fv in legacy.items() if fv[1] is not None}
-    if not given:
-        return RotaryConfig() if rope is None else rope
-    if rope is not None:
-        raise ValueError(
-            f"give the RoPE options once, in rope=RotaryConfig(...), not also as {', '.join(given)}"
-        )
-    fields = {}
-    for name, (field, value) in given.items():
-        if field == "base":
-            value = check_positive(name, value)
-        elif field == "interleaved":
-            check_bool(name, value)
-        fields[field] = value
-    warnings.warn(
-        f"{owner}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} replaced by rope=RotaryConfig("
-        + ", ".join(f"{f}=..." for f in fields)
-        + ")",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return RotaryConfig(**fields)
+    return rope

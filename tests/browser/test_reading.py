@@ -43,8 +43,10 @@ def topic(path: Path) -> str:
 def known(paths, failing: set[str], reason: str):
     """Parameters for ``paths``, the pages whose topic is in ``failing`` marked xfail."""
     mark = pytest.mark.xfail(strict=True, reason=reason)
-    return [pytest.param(p, id=page_id(p), marks=[mark] if topic(p) in failing else [])
-            for p in paths]
+    return [
+        pytest.param(p, id=page_id(p), marks=[mark] if topic(p) in failing else [])
+        for p in paths
+    ]
 
 
 @functools.cache
@@ -57,8 +59,12 @@ def soup(path: Path):
 
 def toc_chapters() -> list[str]:
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [Path(c["file"]).name for part in toc["parts"] for c in part.get("chapters", [])
-            if c["file"].startswith("chapters/")]
+    return [
+        Path(c["file"]).name
+        for part in toc["parts"]
+        for c in part.get("chapters", [])
+        if c["file"].startswith("chapters/")
+    ]
 
 
 def columns(line: str) -> int:
@@ -89,7 +95,9 @@ def wide_lines(path: Path) -> list[str]:
     for pre in soup(path).select("div.cell pre"):
         for line in pre.get_text().splitlines():
             if columns(line) > MAX_COLUMNS:
-                found.append(f"{page_id(path)}: {columns(line)} columns: {line[:50]}...")
+                found.append(
+                    f"{page_id(path)}: {columns(line)} columns: {line[:50]}..."
+                )
     return found
 
 
@@ -103,7 +111,9 @@ def test_every_code_and_output_line_fits_88_columns():
 
 def test_an_88_column_line_fits_the_code_column_at_1400_px(browser, server):
     page = browser.new_page(viewport=DESKTOP)
-    page.goto(f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded")
+    page.goto(
+        f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded"
+    )
     overflow = page.evaluate(
         """() => {
           // a copy of the page's first code cell, holding one line of 88 characters
@@ -120,7 +130,9 @@ def test_an_88_column_line_fits_the_code_column_at_1400_px(browser, server):
 
 def test_wide_screens_give_code_cells_the_empty_right_margin(browser, server):
     page = browser.new_page(viewport={"width": 1920, "height": 1000})
-    page.goto(f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded")
+    page.goto(
+        f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded"
+    )
     box = page.evaluate(
         """() => {
           const r = s => document.querySelector(s).getBoundingClientRect();
@@ -130,7 +142,9 @@ def test_wide_screens_give_code_cells_the_empty_right_margin(browser, server):
     )
     page.close()
     assert box["cell"]["width"] > box["prose"]["width"] + 100, box
-    assert box["cell"]["right"] <= box["toc"]["left"], "a code cell runs under the contents"
+    assert box["cell"]["right"] <= box["toc"]["left"], (
+        "a code cell runs under the contents"
+    )
 
 
 # --- No raw math ---------------------------------------------------------------------------
@@ -151,8 +165,10 @@ def raw_math(doc) -> list[str]:
     for text in doc.body.find_all(string=RAW_MATH):
         if isinstance(text, Comment):
             continue
-        if any(p.name in NOT_PROSE or MATH_CLASSES & set(p.get("class") or [])
-               for p in text.parents):
+        if any(
+            p.name in NOT_PROSE or MATH_CLASSES & set(p.get("class") or [])
+            for p in text.parents
+        ):
             continue
         found.append(repr(text.strip()[:70]))
     for tag in doc.body.find_all(attrs={"title": RAW_MATH}):  # tooltips
@@ -160,7 +176,9 @@ def raw_math(doc) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", known(PAGES, RAW_MATH_PAGES, "raw math in the chapter"))
+@pytest.mark.parametrize(
+    "path", known(PAGES, RAW_MATH_PAGES, "raw math in the chapter")
+)
 def test_no_page_shows_raw_math(path):
     found = raw_math(soup(path))
     assert found == [], f"{page_id(path)}: raw math: {found}"
@@ -172,7 +190,8 @@ def test_the_raw_math_check_sees_raw_math():
     doc = BeautifulSoup(
         "<html><head><title>Scaling by \\(\\sqrt{d}\\)</title></head><body>"
         "<p>costs $O(n^2)$ here</p><p><span class='math'>\\(x\\)</span></p>"
-        "<pre>price = '$5'</pre><a title='a $b$ tip'>x</a></body></html>", "html.parser"
+        "<pre>price = '$5'</pre><a title='a $b$ tip'>x</a></body></html>",
+        "html.parser",
     )
     found = raw_math(doc)
     assert len(found) == 3 and "tab title" in found[0] and "tooltip" in found[2], found
@@ -205,8 +224,11 @@ def test_the_pages_outside_the_chapters_give_every_image_alt_text():
     assert BOOK_PAGES and bad == [], "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="chapter figures get their alt texts "
-                   "(mystnb image alt metadata) in the chapter rewrite")
+@pytest.mark.xfail(
+    strict=True,
+    reason="chapter figures get their alt texts "
+    "(mystnb image alt metadata) in the chapter rewrite",
+)
 def test_every_chapter_figure_has_alt_text_that_says_what_it_shows():
     bad = [b for path in CHAPTER_PAGES for b in bad_alt_texts(path)]
     assert CHAPTER_PAGES and bad == [], f"{len(bad)} images:\n" + "\n".join(bad[:30])
@@ -220,11 +242,18 @@ def test_chapter_titles_tabs_and_sidebar_show_the_chapter_number():
         doc = soup(path)
         h1 = doc.select_one("article h1").get_text().strip()
         tab = doc.title.get_text().strip()
-        link = doc.select_one(f'nav.bd-docs-nav a[href$="{stem}.html"], '
-                              'nav.bd-docs-nav a.current')
-        for what, text in (("title", h1), ("tab", tab), ("sidebar", link.get_text().strip())):
+        link = doc.select_one(
+            f'nav.bd-docs-nav a[href$="{stem}.html"], nav.bd-docs-nav a.current'
+        )
+        for what, text in (
+            ("title", h1),
+            ("tab", tab),
+            ("sidebar", link.get_text().strip()),
+        ):
             if not text.startswith(f"{n}. "):
-                wrong.append(f"{stem}: {what} {text[:40]!r} does not start with '{n}. '")
+                wrong.append(
+                    f"{stem}: {what} {text[:40]!r} does not start with '{n}. '"
+                )
     assert wrong == [], "\n".join(wrong)
 
 
@@ -241,8 +270,12 @@ def test_bibliography_labels_read_like_the_citations_in_the_text():
         for a in soup(path).select('a[href*="bibliography.html#"]'):
             target = a["href"].split("#", 1)[1]
             text = " ".join(a.get_text().split())
-            if target in entries and not " ".join(entries[target].split()).startswith(text):
-                mismatched.append(f"{page_id(path)}: cited {text!r}, listed {entries[target]!r}")
+            if target in entries and not " ".join(entries[target].split()).startswith(
+                text
+            ):
+                mismatched.append(
+                    f"{page_id(path)}: cited {text!r}, listed {entries[target]!r}"
+                )
     assert entries and mismatched == [], "\n".join(mismatched[:20])
 
 
@@ -255,7 +288,9 @@ def _phone(browser):
 def test_on_a_phone_each_sidebar_button_opens_its_drawer(browser, server):
     context, page = _phone(browser)
     try:
-        page.goto(f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded")
+        page.goto(
+            f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded"
+        )
         page.locator(".bd-header-article .primary-toggle").tap()
         drawer = page.locator("#pst-primary-sidebar-modal")
         drawer.wait_for(state="visible", timeout=5_000)
@@ -272,10 +307,14 @@ def test_on_a_phone_each_sidebar_button_opens_its_drawer(browser, server):
         context.close()
 
 
-def test_on_a_desktop_the_menu_button_collapses_and_restores_the_sidebar(browser, server):
+def test_on_a_desktop_the_menu_button_collapses_and_restores_the_sidebar(
+    browser, server
+):
     page = browser.new_page(viewport=DESKTOP)
     try:
-        page.goto(f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded")
+        page.goto(
+            f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded"
+        )
         sidebar = page.locator("#pst-primary-sidebar")
         button = page.locator(".bd-header-article .primary-toggle")
         assert sidebar.is_visible()
@@ -299,9 +338,10 @@ def test_the_landing_page_starts_the_reader_at_chapter_1(browser, server, viewpo
         page.goto(f"{server}/book/index.html", wait_until="domcontentloaded")
         start = page.get_by_role("link", name=re.compile(r"Start with chapter 1"))
         assert start.count() == 1 and start.is_visible()
-        assert start.bounding_box()["y"] + start.bounding_box()["height"] <= viewport["height"], (
-            "the start button is below the first screen"
-        )
+        assert (
+            start.bounding_box()["y"] + start.bounding_box()["height"]
+            <= viewport["height"]
+        ), "the start button is below the first screen"
         first = toc_chapters()[0]
         assert start.get_attribute("href").endswith(f"chapters/{first}.html")
         start.click()
@@ -314,9 +354,13 @@ def test_the_landing_page_starts_the_reader_at_chapter_1(browser, server, viewpo
 def test_the_landing_page_opens_chapter_1_in_this_repository_on_colab():
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     repo = config["repository"]["url"].removeprefix("https://github.com/").rstrip("/")
-    expected = (f"https://colab.research.google.com/github/{repo}/blob/"
-                f"{config['repository']['branch']}/chapters/{toc_chapters()[0]}.ipynb")
-    hrefs = [a["href"] for a in soup(HTML / "book" / "index.html").find_all("a", href=True)]
+    expected = (
+        f"https://colab.research.google.com/github/{repo}/blob/"
+        f"{config['repository']['branch']}/chapters/{toc_chapters()[0]}.ipynb"
+    )
+    hrefs = [
+        a["href"] for a in soup(HTML / "book" / "index.html").find_all("a", href=True)
+    ]
     assert expected in hrefs
 
 
@@ -335,8 +379,10 @@ def test_the_colour_mode_follows_the_system(browser, server, scheme):
 def test_every_request_of_a_page_finds_its_file_including_the_favicon(browser, server):
     page = browser.new_page()
     failed = []
-    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400
-            else None)
+    page.on(
+        "response",
+        lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+    )
     try:
         page.goto(f"{server}/book/index.html", wait_until="networkidle")
         icon = page.locator('link[rel="icon"]').get_attribute("href")
@@ -350,8 +396,12 @@ def test_every_request_of_a_page_finds_its_file_including_the_favicon(browser, s
 def test_long_display_math_scrolls_on_a_phone_and_shows_it(browser, server):
     context, page = _phone(browser)
     try:
-        page.goto(f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded")
-        page.wait_for_function("() => window.MathJax && MathJax.typesetPromise", timeout=20_000)
+        page.goto(
+            f"{server}/chapters/{toc_chapters()[0]}.html", wait_until="domcontentloaded"
+        )
+        page.wait_for_function(
+            "() => window.MathJax && MathJax.typesetPromise", timeout=20_000
+        )
         terms = " + ".join(f"a_{{{k}}} b_{{{k}}}" for k in range(40))
         state = page.evaluate(
             """async (terms) => {
@@ -370,13 +420,17 @@ def test_long_display_math_scrolls_on_a_phone_and_shows_it(browser, server):
         )
     finally:
         context.close()
-    assert state["overflow"] in ("auto", "scroll") and state["scroll"] > state["width"], state
+    assert (
+        state["overflow"] in ("auto", "scroll") and state["scroll"] > state["width"]
+    ), state
     assert "gradient" in state["cue"], "nothing shows that the formula goes on"
     assert state["page"] <= PHONE["width"], "the page itself scrolls sideways"
 
 
 def test_on_a_phone_a_figure_fits_and_opens_full_size(browser, server):
-    with_figures = [p for p in CHAPTER_PAGES if soup(p).select_one("div.cell_output img")]
+    with_figures = [
+        p for p in CHAPTER_PAGES if soup(p).select_one("div.cell_output img")
+    ]
     path = min(with_figures, key=lambda p: p.stat().st_size)  # the quickest to load
     context, page = _phone(browser)
     try:
@@ -391,7 +445,9 @@ def test_on_a_phone_a_figure_fits_and_opens_full_size(browser, server):
         )
         assert figures and all(f["href"] == f["src"] for f in figures), figures
         assert all(f["width"] <= PHONE["width"] for f in figures), figures
-        assert all(abs(f["shape"] - 1) < 0.02 for f in figures), "a figure lost its shape"
+        assert all(abs(f["shape"] - 1) < 0.02 for f in figures), (
+            "a figure lost its shape"
+        )
         with page.expect_navigation() as opened:
             page.locator("div.cell_output a.image-reference").first.tap()
         response = opened.value

@@ -210,12 +210,12 @@ def _rank_and_size(rank: int, world_size: int) -> list:
     return everyone
 
 
-def _sleep(rank: int, world_size: int, seconds: float) -> None:
+def sleeping_worker(rank: int, world_size: int, seconds: float) -> None:
     """A worker that stalls (for the test that a stuck run is stopped)."""
     time.sleep(seconds)
 
 
-def _fail(rank: int, world_size: int, rank_that_fails: int) -> None:
+def failing_worker(rank: int, world_size: int, rank_that_fails: int) -> None:
     """A worker that raises on one rank while the others wait for it in a collective."""
     if rank == rank_that_fails:
         raise ValueError(f"rank {rank} refuses")

@@ -14,7 +14,7 @@ from torch import Tensor
 from .._checks import check_size, check_tensor
 
 
-def _window_bounds(window, i: int, j: int) -> tuple[int, int]:
+def window_bounds(window, i: int, j: int) -> tuple[int, int]:
     """``(left, right)`` from ``window`` (an int ``w`` or a pair), clamped to ``max(i, j)``.
 
     A bound beyond ``max(i, j)`` keeps every key on that side, so clamping changes
@@ -39,7 +39,7 @@ def _window_bounds(window, i: int, j: int) -> tuple[int, int]:
     return left, right
 
 
-def _causal_bounds(
+def causal_bounds(
     left: int, right: int, is_causal: bool, i: int, j: int
 ) -> tuple[int, int]:
     """Apply ``is_causal`` (no key after the query) to the window bounds."""
@@ -53,7 +53,7 @@ def _causal_bounds(
     return left, 0
 
 
-def _check_layout(layout) -> None:
+def check_layout(layout) -> None:
     check_tensor("layout", layout)
     if layout.dtype != torch.bool:
         raise TypeError(
@@ -65,7 +65,7 @@ def _check_layout(layout) -> None:
         )
 
 
-def _check_layout_fits(layout: Tensor, block_size: int, i: int, j: int) -> None:
+def check_layout_fits(layout: Tensor, block_size: int, i: int, j: int) -> None:
     """The layout must have exactly ``ceil(i / B)`` rows and ``ceil(j / B)`` columns."""
     for name, length, blocks in (
         ("query", i, layout.shape[0]),

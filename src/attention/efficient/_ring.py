@@ -1,7 +1,7 @@
 """The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 15).
 
-Private to :mod:`attention.efficient.distributed`, which validates the inputs, builds the schedule
-and calls :class:`_RingAttention`. Shapes: query ``(..., n_local, d)``, key
+Private to :mod:`attention.efficient.distributed`, which validates the inputs, builds
+the schedule and calls :class:`RingAttention`. Shapes: query ``(..., n_local, d)``, key
 ``(..., n_local, d)``, value ``(..., n_local, e)``, the shard of one rank.
 """
 
@@ -15,22 +15,21 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .._checks import broadcast_shapes
-from ._tiled import _backward, _forward
+from .._core import max_shift, poisoned_rows
+from ._tiled import backward, forward
 
 
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
     """Merge a block's partial ``(out_b, lse_b)`` into ``(out, lse)`` in place, by log-sum-exp."""
     new = torch.logaddexp(lse, lse_b)  # (..., i)
-    safe = torch.where(
-        torch.isneginf(new), 0.0, new
-    )  # rows with no visible key so far: weights 0
+    safe = max_shift(new)  # rows with no visible key so far: weights 0
     out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(
         out_b * torch.exp(lse_b - safe).unsqueeze(-1)
     )
     lse.copy_(new)
 
 
-class _Ring:
+class Ring:
     """One rank's view of the ring: its neighbours, and per step the tiles it computes.
 
     ``steps[t]`` lists ``(query slice, key slice, diagonal)``: local slices of the query
@@ -64,8 +63,13 @@ def _wait(works: list) -> None:
         w.wait()
 
 
-class _RingAttention(torch.autograd.Function):
-    """Ring attention on this rank's shard; backward sends dK/dV accumulators around the ring."""
+class RingAttention(torch.autograd.Function):
+    """Ring attention on this rank's shard; backward sends dK/dV around the ring.
+
+    Returns ``(out, poisoned)``: ``poisoned`` ``(..., n_local, 1)`` marks the queries
+    with a NaN or ``+inf`` score against a key of any block, also one whose tile is
+    skipped (the caller makes those rows NaN, the package's rule), or None.
+    """
 
     @staticmethod
     def forward(ctx, query, key, value, ring, scale, block_size):
@@ -76,6 +80,7 @@ class _RingAttention(torch.autograd.Function):
         out = torch.zeros((*batch, query.shape[-2], value.shape[-1]), **opts)
         lse = torch.full((*batch, query.shape[-2]), -math.inf, **opts)
         k_cur, v_cur = key.contiguous(), value.contiguous()
+        poisoned = None
         for t, step in enumerate(ring.steps):
             works, k_next, v_next = [], None, None
             if (
@@ -84,18 +89,25 @@ class _RingAttention(torch.autograd.Function):
                 k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
             for qa, kb, diagonal in step:
-                o, o_lse = _forward(query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :], None,
-                                    diagonal, scale, block_size)  # fmt: skip
+                q_a, k_b, v_b = query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :]
+                o, o_lse = forward(q_a, k_b, v_b, None, diagonal, scale, block_size)
                 _merge(out[..., qa, :], lse[..., qa], o, o_lse)
+            # every block passes by, even one whose tiles are skipped: check it
+            bad = poisoned_rows(query, k_cur, scale, False)
+            if bad is not None:
+                poisoned = bad if poisoned is None else poisoned | bad
             _wait(works)
             k_cur, v_cur = k_next, v_next
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.options = (ring, scale, block_size)
-        return out
+        if poisoned is None:
+            return out, None
+        ctx.mark_non_differentiable(poisoned)
+        return out, poisoned
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout):
+    def backward(ctx, dout, _):
         query, key, value, out, lse = ctx.saved_tensors
         ring, scale, block_size = ctx.options
         delta = (dout * out).sum(dim=-1)  # D = rowsum(dO * O), (..., n_local)
@@ -114,9 +126,11 @@ class _RingAttention(torch.autograd.Function):
                 acc_works = ring.exchange([], [dk_acc, dv_acc], tag=2)
             dk_part, dv_part = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
             for qa, kb, diagonal in step:
-                g = _backward(query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :], None,
-                              diagonal, scale, block_size, lse[..., qa], dout[..., qa, :],
-                              delta[..., qa])  # fmt: skip
+                q_a, k_b, v_b = query[..., qa, :], k_cur[..., kb, :], v_cur[..., kb, :]
+                g = backward(
+                    q_a, k_b, v_b, None, diagonal, scale, block_size,
+                    lse[..., qa], dout[..., qa, :], delta[..., qa],
+                )  # fmt: skip
                 dq[..., qa, :] += g[0]
                 dk_part[..., kb, :] += g[1]
                 dv_part[..., kb, :] += g[2]

@@ -1,9 +1,12 @@
 """The unchecked cores of tiled attention: the tiles, the forward and backward passes.
 
-Shared by :mod:`attention.efficient.tiled` (one device) and :mod:`attention.efficient._ring` (ring attention
-across devices). Inputs: query ``(..., i, d)``, key ``(..., j, d)``, value ``(..., j, e)``
-with batch dims that broadcast, an optional mask broadcastable to ``(..., i, j)``, a float
-scale and a block size ``>= 1``. Nothing here validates its arguments.
+Shared by :mod:`attention.efficient.tiled` (one device,
+:func:`attention.tiled_attention`) and :mod:`attention.efficient._ring` (ring attention
+across devices). :func:`forward` is the FlashAttention recurrence of chapter 14,
+:func:`backward` the recomputing backward pass of chapter 15. Inputs: query
+``(..., i, d)``, key ``(..., j, d)``, value ``(..., j, e)`` with batch dims that
+broadcast, an optional mask broadcastable to ``(..., i, j)``, a float scale and a block
+size ``>= 1``. Nothing here validates its arguments.
 """
 
 from __future__ import annotations
@@ -15,20 +18,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .._checks import broadcast_shapes
+from .._core import attention_scores, max_shift
 
 _INF = float("inf")
 
 
-def _shift(m: Tensor) -> Tensor:
-    """The running max as a shift: rows that have only seen ``-inf`` are shifted by 0.
-
-    Only ``-inf`` is replaced: a ``+inf`` or NaN maximum stays, so that an overflowed or
-    NaN row comes out NaN, as in ``torch.softmax``.
-    """
-    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-
-
-def _tiles(query, key, mask, is_causal, scale, block_size):
+def tiles(query, key, mask, is_causal, scale, block_size):
     """Yield ``(j0, j1, r0, scores)`` for each key block: the masked, scaled ``(..., i - r0, j1 - j0)``
     scores of the queries ``r0:`` that can see any key of block ``j0:j1``."""
     i, j = query.shape[-2], key.shape[-2]
@@ -39,12 +34,9 @@ def _tiles(query, key, mask, is_causal, scale, block_size):
         )  # with a causal mask, queries before j0 see none of these keys
         if r0 >= i:
             break
-        scores = query[..., r0:, :] @ key[..., j0:j1, :].transpose(
-            -2, -1
-        )  # (..., i - r0, blk)
-        scores.mul_(
-            scale
-        )  # in place: the kernels run without autograd, and tiles are the memory
+        scores, _ = attention_scores(
+            query[..., r0:, :], key[..., j0:j1, :], scale=scale
+        )  # (..., i - r0, blk), scaled in place
         if is_causal:
             rows = torch.arange(r0, i, device=query.device).unsqueeze(-1)  # (i - r0, 1)
             cols = torch.arange(j0, j1, device=query.device)  # (blk,)
@@ -70,7 +62,7 @@ def _sub_exp(scores: Tensor, shift: Tensor) -> Tensor:
     return torch.exp(scores - shift)  # value's batch dims are wider than the tile's
 
 
-def _forward(query, key, value, mask, is_causal, scale, block_size):
+def forward(query, key, value, mask, is_causal, scale, block_size):
     """The tiled forward pass without autograd: ``(out (..., i, e), lse (..., i))``.
 
     A query with no visible key gets a zero output and ``lse = -inf``; a NaN (in a visible
@@ -85,12 +77,10 @@ def _forward(query, key, value, mask, is_causal, scale, block_size):
     l = torch.zeros((*batch, i, 1), **opts)  # noqa: E741  (..., i, 1) running sum
     acc = torch.zeros((*batch, i, e), **opts)  # (..., i, e) unnormalised output
     with torch.no_grad():
-        for j0, j1, r0, scores in _tiles(
-            query, key, mask, is_causal, scale, block_size
-        ):
+        for j0, j1, r0, scores in tiles(query, key, mask, is_causal, scale, block_size):
             m_old = m[..., r0:, :]  # views: the updates below write into m, l, acc
             m_new = torch.maximum(m_old, scores.amax(dim=-1, keepdim=True))
-            shift = _shift(m_new)  # rows with nothing visible yet stay at shift 0
+            shift = max_shift(m_new)  # rows with nothing visible yet: shift 0
             alpha = torch.exp(
                 m_old - shift
             )  # rescales the old sums; 0 while m_old = -inf
@@ -111,7 +101,7 @@ def _forward(query, key, value, mask, is_causal, scale, block_size):
     return out, lse.squeeze(-1)
 
 
-def _backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, delta):
+def backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, delta):
     """The FlashAttention-2 backward pass, recomputing each tile from the log-sum-exp.
 
     With ``P = exp(S - lse)`` rebuilt tile by tile, ``dV = P^T dO``, ``dP = dO V^T``,
@@ -127,9 +117,7 @@ def _backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, 
     )
     dk, dv = torch.zeros_like(key), torch.zeros_like(value)
     with torch.no_grad():
-        for j0, j1, r0, scores in _tiles(
-            query, key, mask, is_causal, scale, block_size
-        ):
+        for j0, j1, r0, scores in tiles(query, key, mask, is_causal, scale, block_size):
             p = _sub_exp(scores, lse[..., r0:, :])  # (..., i - r0, blk): the weights
             g = dout[..., r0:, :]  # (..., i - r0, e)
             blk = j1 - j0
@@ -147,12 +135,12 @@ def _backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, 
     return dq.sum_to_size(query.shape), dk, dv
 
 
-class _TiledAttention(torch.autograd.Function):
+class TiledAttention(torch.autograd.Function):
     """Tiled attention whose backward recomputes the tiles: saves only q, k, v, out, lse (and the mask)."""
 
     @staticmethod
     def forward(ctx, query, key, value, mask, is_causal, scale, block_size):
-        out, lse = _forward(query, key, value, mask, is_causal, scale, block_size)
+        out, lse = forward(query, key, value, mask, is_causal, scale, block_size)
         saved = (query, key, value, out, lse) + (() if mask is None else (mask,))
         ctx.save_for_backward(*saved)
         ctx.options = (is_causal, scale, block_size)
@@ -166,7 +154,7 @@ class _TiledAttention(torch.autograd.Function):
         delta = (dout * out).sum(
             dim=-1
         ) - dlse  # D = rowsum(dO * O), less the lse's gradient
-        dq, dk, dv = _backward(
+        dq, dk, dv = backward(
             query,
             key,
             value,

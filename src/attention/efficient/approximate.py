@@ -38,9 +38,17 @@ from .._checks import (
     check_tensor,
     validate_attention,
 )
-from .._core import _attention, _matmul_skipping, default_scale
+from .._core import attention_scores, default_scale, matmul_skipping
+from ..foundations.scaled_dot_product import scaled_dot_product_attention
 
-__all__ = ["lsh_attention", "linformer_attention"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "lsh_attention",
+    "linformer_attention",
+    "linformer_projection",
+    "lsh_buckets",
+]
 
 
 def _check_num_buckets(num_buckets) -> int:
@@ -279,7 +287,7 @@ def lsh_attention(
         dim=-1, keepdim=True
     )  # padding queries: anything finite, dropped below
 
-    scores = (q_c @ k_c.transpose(-1, -2)) * scale  # (..., r, c, C, 2C)
+    scores, _ = attention_scores(q_c, k_c, scale=scale)  # (..., r, c, C, 2C)
     if deduplicate and num_hashes > 1:
         undo = order.argsort(dim=-1)  # (..., r, n): sorted slot of each position
         alone = ~others.any(dim=-1).flatten(-2, -1)[..., :n].gather(
@@ -291,7 +299,7 @@ def lsh_attention(
         scores = scores - torch.log(count.clamp(min=1).to(scores.dtype))
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (..., r, c, C)
-    out = _matmul_skipping(
+    out = matmul_skipping(
         torch.exp(scores - lse.unsqueeze(-1)), v_c, ~mask
     )  # (..., r, c, C, e)
 
@@ -449,7 +457,8 @@ def linformer_attention(
     )
     key_k = E @ key  # (..., k, d)
     value_k = F @ value  # (..., k, e)
-    # The projections' batch dims may add heads: check the projected shapes once more.
-    validate_attention(query, key_k, value_k, None, False, scale, enable_gqa)
-    out, _ = _attention(query, key_k, value_k, None, False, scale, enable_gqa)
-    return out  # (..., i, e)
+    # The projections' batch dims may add heads: the reference checks the projected
+    # shapes once more.
+    return scaled_dot_product_attention(
+        query, key_k, value_k, scale=scale, enable_gqa=enable_gqa
+    )  # (..., i, e)

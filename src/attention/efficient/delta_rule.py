@@ -85,7 +85,7 @@ from .._checks import (
     check_size,
     check_tensor,
 )
-from .._core import _matmul_skipping, default_scale
+from .._core import default_scale, matmul_skipping, tril_mask
 
 __all__ = ["delta_rule_attention", "gated_delta_rule_attention", "kimi_delta_attention"]
 
@@ -230,8 +230,8 @@ def _chunkwise(
         -1
     )  # (..., N, c) log Gamma_r in the chunk
 
-    seen = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril_()  # s <= r
-    strict = seen.tril(-1)  # (c, c) s < r
+    seen = tril_mask(chunk, chunk, device=q.device)  # (c, c) s <= r
+    strict = tril_mask(chunk, chunk, offset=-1, device=q.device)  # (c, c) s < r
     diff = gamma.unsqueeze(-1) - gamma.unsqueeze(
         -2
     )  # (..., N, c, c) log Gamma_r / Gamma_s
@@ -258,7 +258,7 @@ def _chunkwise(
             qc[..., m, :, :] @ state
         )  # (..., c, e)
         # a later row of u may be NaN: the masked matmul keeps it out of earlier rows
-        outputs.append(inter + _matmul_skipping(qk[..., m, :, :], u, ~seen))
+        outputs.append(inter + matmul_skipping(qk[..., m, :, :], u, ~seen))
         carry = (last[..., m, :] - gamma[..., m, :]).exp().unsqueeze(-1)  # (..., c, 1)
         state = (
             last[..., m, :].exp().unsqueeze(-1) * state
@@ -525,7 +525,7 @@ def _kda_chunkwise(
         u = u_tilde[..., m, :, :] - w[..., m, :, :] @ state  # (..., c, e) corrections
         inter = q_in[..., m, :, :] @ state  # (..., c, e)
         # a later row of u may be NaN: the masked matmul keeps it out of earlier rows
-        outputs.append(inter + _matmul_skipping(p[..., m, :, :], u, ~seen))
+        outputs.append(inter + matmul_skipping(p[..., m, :, :], u, ~seen))
         state = total[..., m, :, :] * state + k_out[..., m, :, :].transpose(-2, -1) @ u
     out = torch.stack(outputs, dim=-3).reshape(*batch, chunks * chunk, e)[..., :n, :]
     return out, state

@@ -21,9 +21,12 @@ hold the contributions of every rank's queries. With ``is_causal``, blocks that 
 of a rank can see are skipped; the ``"zigzag"`` layout gives every rank the same amount
 of causal work :cite:`brandon2023striped`.
 
-Mask convention: no mask argument; ``is_causal`` is the top-left causal mask over
-*global* positions (the query at position ``p`` sees keys ``<= p``, wherever the two
-live), as ``is_causal=True`` in ``torch.nn.functional.scaled_dot_product_attention``.
+Mask convention: ``is_causal`` is the top-left causal mask over *global* positions (the
+query at position ``p`` sees keys ``<= p``, wherever the two live), as
+``is_causal=True`` in ``torch.nn.functional.scaled_dot_product_attention``.
+:func:`ring_attention` refuses an ``attn_mask`` (boolean, True = may attend, in the rest
+of the package): a mask over global positions would travel around the ring with the
+keys.
 
 The processes here are local CPU processes talking over gloo (``run_distributed``); the
 same calls run unchanged over NCCL on GPUs.
@@ -31,6 +34,7 @@ same calls run unchanged over NCCL on GPUs.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 
@@ -38,12 +42,26 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._checks import broadcast_shapes, check_int, check_qkv, check_tensor
-from .._core import default_scale
+from .._checks import (
+    check_bool,
+    check_int,
+    check_tensor,
+    validate_attention,
+)
+from .._core import default_scale, expand_kv_heads
 from ._launch import run_distributed
-from ._ring import _Ring, _RingAttention
+from ._ring import Ring, RingAttention
 
-__all__ = ["ring_attention", "run_distributed", "shard_sequence", "unshard_sequence"]
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "ring_attention",
+    "run_distributed",
+    "shard_sequence",
+    "unshard_sequence",
+    "ring_forward_backward",
+    "ring_schedule",
+]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -207,8 +225,7 @@ def ring_schedule(
     """
     world_size = check_int("world_size", world_size, minimum=1)
     _check_layout(layout)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bool("is_causal", is_causal)
     schedule = []
     for t in range(world_size):
         step = []
@@ -252,36 +269,28 @@ def _steps(
     ]
 
 
-def _local_problems(query, key, value, is_causal, scale, layout, block_size) -> None:
+def _local_problems(
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, layout, block_size
+) -> None:
     """Every check that needs no communication; raises TypeError/ValueError."""
-    check_qkv(query, key, value)
-    for name, t in (("key", key), ("value", value)):
-        if t.device != query.device:
-            raise ValueError(
-                f"query and {name} must be on one device, got {query.device} and {t.device}"
-            )
-    broadcast_shapes(
-        "the batch dims of query, key and value",
-        query.shape[:-2],
-        key.shape[:-2],
-        value.shape[:-2],
-    )
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-    ):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    validate_attention(query, key, value, None, is_causal, scale, enable_gqa)
+    if attn_mask is not None:
+        raise ValueError(
+            "ring_attention takes no attn_mask: each rank holds a shard of the keys, "
+            "and a mask over global positions would have to travel around the ring "
+            "with them; pass is_causal=True for the causal mask, or use tiled_attention"
+        )
     _check_layout(layout)
     check_int("block_size", block_size, minimum=1)
 
 
-def _summary(query, key, value, is_causal, scale, layout) -> tuple:
+def _summary(query, key, value, is_causal, scale, enable_gqa, layout) -> tuple:
     """What must agree on every rank (shapes, dtype, options), cheap to gather."""
     shape = lambda t: tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__  # noqa: E731
     real = isinstance(scale, numbers.Real) and not isinstance(scale, bool)
     return (shape(query), shape(key), shape(value), str(getattr(query, "dtype", None)),
-            repr(is_causal), repr(float(scale)) if real else repr(scale), repr(layout))  # fmt: skip
+            repr(is_causal), repr(float(scale)) if real else repr(scale),
+            repr(enable_gqa), repr(layout))  # fmt: skip
 
 
 def ring_attention(
@@ -289,8 +298,10 @@ def ring_attention(
     key: Tensor,
     value: Tensor,
     *,
+    attn_mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
     group: dist.ProcessGroup | None = None,
     layout: str = "contiguous",
     block_size: int = 128,
@@ -315,13 +326,18 @@ def ring_attention(
     block's ``dK``, ``dV`` accumulators along with it until they return to their owner.
 
     Args:
-        query: ``(..., n_local, d)``, this rank's queries.
-        key: ``(..., n_local, d)`` (any length when not causal).
-        value: ``(..., n_local, e)``.
+        query: ``(..., h, n_local, d)``, this rank's queries.
+        key: ``(..., h_kv, n_local, d)`` (any length when not causal).
+        value: ``(..., h_kv, n_local, e)``.
+        attn_mask: must be None (a ``ValueError`` says why): a mask over global
+            positions would travel with the keys; use ``is_causal``.
         is_causal: top-left causal mask over *global* positions (query ``p`` sees keys
-            ``<= p`` whatever the layout); key blocks that none of a rank's queries can see
-            are skipped.
+            ``<= p`` whatever the layout); key blocks that none of a rank's queries can
+            see are skipped. A NaN or ``+inf`` score against a skipped key still makes
+            its row NaN, as in the dense reference.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``; each rank
+            repeats its key/value heads for their query heads before the ring.
         group: the process group (default: the whole world); ``P`` is its size and the
             shard index is the rank within it.
         layout: how the sequence was cut, ``"contiguous"`` or ``"zigzag"``.
@@ -365,13 +381,23 @@ def ring_attention(
         )
     problem = None
     try:
-        _local_problems(query, key, value, is_causal, scale, layout, block_size)
+        _local_problems(
+            query,
+            key,
+            value,
+            attn_mask,
+            is_causal,
+            scale,
+            enable_gqa,
+            layout,
+            block_size,
+        )
     except (TypeError, ValueError) as err:
         problem = err
     # One cheap collective before any block moves: every rank learns every rank's shapes
     # and options, so that all of them raise together instead of waiting on a partner.
     mine = (
-        _summary(query, key, value, is_causal, scale, layout),
+        _summary(query, key, value, is_causal, scale, enable_gqa, layout),
         None if problem is None else str(problem),
     )
     everyone = [None] * world_size
@@ -383,10 +409,12 @@ def ring_attention(
             raise ValueError(f"rank {r} of the group rejected its inputs: {message}")
         if summary != everyone[0][0]:
             raise ValueError(
-                "every rank must pass shards of one shape and dtype with the same is_causal, "
-                "scale and layout (shards of unequal length come from a sequence length n not "
-                f"divisible by P = {world_size}); got (query, key, value, dtype, is_causal, scale, "
-                f"layout) = {everyone[0][0]} on rank 0 and {summary} on rank {r}"
+                "every rank must pass shards of one shape and dtype with the same "
+                "is_causal, scale, enable_gqa and layout (shards of unequal length "
+                "come from a sequence length n not divisible by "
+                f"P = {world_size}); got "
+                "(query, key, value, dtype, is_causal, scale, enable_gqa, layout) = "
+                f"{everyone[0][0]} on rank 0 and {summary} on rank {r}"
             )
     n_q, n_k = query.shape[-2], key.shape[-2]
     if is_causal and n_q != n_k:
@@ -399,12 +427,16 @@ def ring_attention(
             f"chunks of equal length, got shards of length {n_q} and {n_k}"
         )
     scale = default_scale(scale, query.shape[-1])
-    ring = _Ring(
+    if enable_gqa:  # (..., h_kv, n_local, *) -> (..., h, n_local, *)
+        key = expand_kv_heads(key, query.shape[-3])
+        value = expand_kv_heads(value, query.shape[-3])
+    ring = Ring(
         group, world_size, rank, _steps(rank, world_size, layout, is_causal, n_k)
     )
-    return _RingAttention.apply(
+    out, poisoned = RingAttention.apply(
         query, key, value, ring, scale, min(block_size, max(n_k, 1))
     )
+    return out if poisoned is None else out.masked_fill(poisoned, math.nan)
 
 
 def ring_forward_backward(

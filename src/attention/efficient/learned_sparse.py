@@ -61,7 +61,13 @@ from .._checks import (
     check_tensor,
     validate_attention,
 )
-from .._core import default_scale, expand_kv_heads, masked_softmax, poisoned_rows
+from .._core import (
+    attention_scores,
+    default_scale,
+    expand_kv_heads,
+    masked_softmax,
+    poisoned_rows,
+)
 from ..foundations.scaled_dot_product import scaled_dot_product_attention
 from .patterns import sliding_window_mask
 from .sparse import sliding_window_attention
@@ -235,7 +241,9 @@ def _attend_selected(
         if not finite_values:  # a hidden value must add nothing, not 0 * NaN
             vals = vals.masked_fill(~visible.unsqueeze(-1), 0.0)
         queries = grouped[..., t0:t1, :].transpose(-3, -2)  # (b, h_kv, rows, c, r', d)
-        scores = (queries @ keys.transpose(-1, -2)) * scale  # (b, h_kv, rows, c, r', m)
+        scores, _ = attention_scores(
+            queries, keys, scale=scale
+        )  # (b, h_kv, rows, c, r', m)
         scores = scores.masked_fill(~visible.unsqueeze(-2), float("-inf"))
         out = masked_softmax(scores) @ vals  # (b, h_kv, rows, c, r', e)
         pieces.append(out.transpose(-3, -2))  # (b, h_kv, rows, r', c, e)
@@ -287,7 +295,7 @@ def _nsa_compress_and_select(
     for t0, t1 in _chunks(n, b * h_kv * nb * (4 * r + 2)):
         t = torch.arange(t0, t1, device=q.device).view(-1, 1)  # (c, 1)
         visible = (col + 1) * block_size - 1 <= t  # (c, nb)
-        scores = (q[..., t0:t1, :] @ k_cmp.unsqueeze(2).transpose(-1, -2)) * scale
+        scores, _ = attention_scores(q[..., t0:t1, :], k_cmp.unsqueeze(2), scale=scale)
         probs = masked_softmax(scores, visible)  # (b, h_kv, r, c, nb)
         if finite_values:
             outs.append(probs @ v_cmp.unsqueeze(2))  # (b, h_kv, r, c, e)
@@ -650,7 +658,7 @@ def _index_scores(
     """
     n = ik.shape[-2]
     # (b, h_i, c, n)
-    raw = (iq[..., t0:t1, :] @ ik.unsqueeze(1).transpose(-1, -2)) * scale
+    raw, _ = attention_scores(iq[..., t0:t1, :], ik.unsqueeze(1), scale=scale)
     act = activation(raw)
     if not isinstance(act, Tensor) or act.shape != raw.shape:
         got = tuple(act.shape) if isinstance(act, Tensor) else type(act).__name__
@@ -1049,7 +1057,7 @@ def selection_stats(
     masses, counts = [], []
     for t0, t1 in _chunks(n, q.shape[0] * h * n * 4):
         causal = positions <= positions[t0:t1, None]  # (c, n)
-        scores = (q[..., t0:t1, :] @ k.transpose(-1, -2)) * scale_  # (b, h, c, n)
+        scores, _ = attention_scores(q[..., t0:t1, :], k, scale=scale_)  # (b, h, c, n)
         weights = masked_softmax(scores, causal)
         if mask is not None:
             chosen = mask[..., t0:t1, :] & causal  # (b, h, c, n)

@@ -70,14 +70,17 @@ from .._checks import (
     validate_attention,
     validate_weights,
 )
-from .._core import _matmul_skipping, expand_kv_heads, top_left_causal
+from .._core import default_scale, expand_kv_heads, matmul_skipping, tril_mask
 from .feature_maps import FeatureMap, elu_feature_map, relu_feature_map
 
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "linear_attention",
     "linear_attention_weights",
     "linear_attention_step",
     "lightning_attention",
+    "linear_attention_naive",
 ]
 
 
@@ -320,7 +323,7 @@ def _naive_weights(
     scores = phi_q @ phi_k.transpose(-2, -1)  # (..., i, j)
     if is_causal:
         i, j = phi_q.shape[-2], phi_k.shape[-2]
-        visible = top_left_causal(i, j, device=phi_q.device)
+        visible = tril_mask(i, j, device=phi_q.device)
         if g is not None:  # lambda^(i - j) on the visible pairs
             lag = (
                 torch.arange(i, device=phi_q.device)[:, None]
@@ -382,11 +385,11 @@ def linear_attention_naive(
         normalize,
     )
     future = (
-        ~top_left_causal(query.shape[-2], key.shape[-2], query.device)
+        ~tril_mask(query.shape[-2], key.shape[-2], device=query.device)
         if is_causal
         else None
     )
-    return _matmul_skipping(weights, value, future)  # (..., i, e)
+    return matmul_skipping(weights, value, future)  # (..., i, e)
 
 
 # --------------------------------------------------------------------------- fast forms
@@ -436,14 +439,12 @@ def _causal_chunked(
     vc = value.reshape(*batch, n, chunk, e + 1)  # (..., n, c, e + 1)
 
     # Inside a chunk: the quadratic form with the causal (lower-triangular) pattern.
-    future = torch.ones(chunk, chunk, dtype=torch.bool, device=qc.device).triu_(
-        1
-    )  # (c, c)
+    future = ~tril_mask(chunk, chunk, device=qc.device)  # (c, c)
     scores = qc @ kc.transpose(-2, -1)  # (..., n, c, c)
     if g is not None:
         return _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize)
     scores = scores.masked_fill_(future, 0.0)
-    num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
+    num = matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
 
     # Between chunks: chunk m adds phi(Q_m) S_m, where the state S_m is the sum of the chunk
     # states phi(K_l)^T [V_l, 1] of the earlier chunks l < m: a cumulative sum shifted by
@@ -479,7 +480,7 @@ def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) ->
     pos = torch.arange(c, device=qc.device, dtype=qc.dtype)
     lag = (pos[:, None] - pos[None, :]).clamp(min=0)  # (c, c)
     scores = (scores * (g4 * lag).exp()).masked_fill_(future, 0.0)  # (..., n, c, c)
-    num = _matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
+    num = matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
     key_weight = (g4 * (c - 1 - pos)[:, None]).exp()  # (h, 1, c, 1)
     kv = (kc * key_weight).transpose(-2, -1) @ vc  # (..., n, f, e + 1) chunk states
     m = torch.arange(n, device=qc.device, dtype=qc.dtype)
@@ -489,7 +490,7 @@ def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) ->
     f, e1 = kv.shape[-2:]
     # A masked sum, not a plain matmul: 0 x NaN would carry a NaN key or value of chunk
     # l into the earlier chunks, which the recurrence never shows it to.
-    state = _matmul_skipping(carry, kv.flatten(-2), later)  # (..., n, f (e + 1))
+    state = matmul_skipping(carry, kv.flatten(-2), later)  # (..., n, f (e + 1))
     state = state.unflatten(-1, (f, e1))  # (..., n, f, e + 1)
     query_weight = (g4 * (pos + 1)[:, None]).exp()  # (h, 1, c, 1)
     num = num.add_((qc * query_weight) @ state)  # (..., n, c, e + 1)
@@ -788,11 +789,7 @@ def lightning_attention(
     output_final_state = check_bool("output_final_state", output_final_state)
     g = _check_decay(decay, query, head_dim=-3)
     key, value = _group_heads(query, key, value, enable_gqa)
-    s = (
-        scale
-        if scale is not None
-        else (1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0)
-    )
+    s = default_scale(scale, query.shape[-1])
     q, key, value = _expand_batch(query, key, value)  # views, no copies
     n, d, e = q.shape[-2], q.shape[-1], value.shape[-1]
     state_shape = (*q.shape[:-2], d, e)  # (..., h, d, e)
@@ -819,7 +816,7 @@ def lightning_attention(
         scores = torch.where(
             future, 0.0, (qb @ kb.transpose(-2, -1)) * tile
         )  # (..., B, B)
-        intra = _matmul_skipping(scores, vb, future)  # (..., B, e)
+        intra = matmul_skipping(scores, vb, future)  # (..., B, e)
         inter = ((g * (pos + 1)[:, None]).exp() * qb) @ state  # (..., B, e)
         out[..., start : start + size, :] = intra + inter
         key_weight = (g * (size - 1 - pos)[:, None]).exp()  # (h, B, 1) or (B, 1)

@@ -37,7 +37,8 @@ from .._checks import (
     check_int,
     check_size,
 )
-from ._patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
+from .._core import tril_mask
+from ._patterns import causal_bounds, check_layout, check_layout_fits, window_bounds
 
 __all__ = [
     "sliding_window_mask",
@@ -109,8 +110,8 @@ def sliding_window_mask(
     i = check_int("i", i, minimum=0)
     j = i if j is None else check_int("j", j, minimum=0)
     device = check_device("device", device)
-    left, right = _window_bounds(window, i, j)
-    left, right = _causal_bounds(left, right, check_bool("is_causal", is_causal), i, j)
+    left, right = window_bounds(window, i, j)
+    left, right = causal_bounds(left, right, check_bool("is_causal", is_causal), i, j)
     _room_for(i, j, device)
     off = _offsets(i, j, device)  # (i, j)
     return (off <= left) & (off >= -right)
@@ -315,7 +316,7 @@ def block_sparse_mask(
         >>> block_sparse_mask(torch.tensor([[True, False], [True, True]]), 2, 3).int().tolist()
         [[1, 1, 0], [1, 1, 0], [1, 1, 1]]
     """
-    _check_layout(layout)
+    check_layout(layout)
     block_size = check_int("block_size", block_size, minimum=1)
     rows, cols = layout.shape
     if n is None:
@@ -326,7 +327,7 @@ def block_sparse_mask(
         i, j = check_int("i", n[0], minimum=0), check_int("j", n[1], minimum=0)
     else:
         i = j = check_int("n", n, minimum=0)
-    _check_layout_fits(layout, block_size, i, j)
+    check_layout_fits(layout, block_size, i, j)
     _room_for(i, j, layout.device)
     block_size = min(
         block_size, max(i, j, 1)
@@ -370,5 +371,5 @@ def local_global_layout(
     check_bool("is_causal", is_causal)
     layout = global_tokens_mask(num_blocks, window, range(num_global), device=device)
     if is_causal:
-        layout = layout & torch.ones_like(layout).tril()
+        layout = layout & tril_mask(*layout.shape[-2:], device=layout.device)
     return layout

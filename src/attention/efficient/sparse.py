@@ -30,14 +30,16 @@ from .._checks import (
     validate_attention,
 )
 from .._core import (
-    _matmul_skipping,
+    additive_mask,
+    attention_scores,
     default_scale,
     expand_kv_heads,
     masked_softmax,
+    matmul_skipping,
     poisoned_rows,
 )
 from . import _sparse_cpu
-from ._patterns import _causal_bounds, _check_layout, _check_layout_fits, _window_bounds
+from ._patterns import causal_bounds, check_layout, check_layout_fits, window_bounds
 
 __all__ = ["sliding_window_attention", "block_sparse_attention"]
 
@@ -158,7 +160,7 @@ def _masked_tile_attention(
     Returns:
         ``(..., c, B, e)``; a row with no visible key is zero.
     """
-    scores = (q * scale) @ k.transpose(-1, -2)  # (..., c, B, T)
+    scores, _ = attention_scores(q, k, scale=scale)  # (..., c, B, T)
     if bias is not None:
         scores = scores + bias
     if hide is not None:
@@ -168,7 +170,7 @@ def _masked_tile_attention(
     if bias is not None:
         hide = torch.isneginf(scores)  # a float mask can hide keys too
     weights = masked_softmax(scores)  # a row with no visible key gets zero weights
-    return _matmul_skipping(weights, v, hide, finite_values)  # (..., c, B, e)
+    return matmul_skipping(weights, v, hide, finite_values)  # (..., c, B, e)
 
 
 def _band_tile_attention(
@@ -190,14 +192,14 @@ def _band_tile_attention(
     weights notices it, and only then are the hidden keys set to -inf one by one and
     the softmax taken again, the masked one that zeroes such a row.
     """
-    scores = (q * scale) @ k.transpose(-1, -2)  # (..., c, B, T)
+    scores, _ = attention_scores(q, k, scale=scale)  # (..., c, B, T)
     scores += band_bias  # in place: the matmul's backward does not need its output
     weights = torch.softmax(scores, dim=-1)  # (..., c, B, T)
     if bool(weights.sum().isnan()):  # rare: a non-finite input, or a visible NaN
         # (in place again: the softmax's backward needs its output, not its input)
         scores.masked_fill_(outside_band, float("-inf"))
         weights = masked_softmax(scores)
-    return _matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
+    return matmul_skipping(weights, v, outside_band, finite_values)  # (..., c, B, e)
 
 
 def _poison(out: Tensor, query: Tensor, key: Tensor, scale: float) -> Tensor:
@@ -274,8 +276,8 @@ def sliding_window_attention(
         query, key, value, attn_mask, is_causal, scale, enable_gqa
     )
     i, j = query.shape[-2], key.shape[-2]
-    left, right = _window_bounds(window, i, j)
-    left, right = _causal_bounds(left, right, is_causal, i, j)
+    left, right = window_bounds(window, i, j)
+    left, right = causal_bounds(left, right, is_causal, i, j)
     if block_size is not None:
         block_size = check_size("block_size", block_size)
     trivial = _trivial_output(query, key, value)
@@ -340,8 +342,7 @@ def _sliding_window(
     edges = (
         set(padding.any(dim=-1).nonzero().flatten().tolist()) if mask is None else set()
     )
-    band_bias = torch.zeros(B, T, dtype=query.dtype, device=query.device)
-    band_bias = band_bias.masked_fill(outside_band, float("-inf"))  # (B, T)
+    band_bias = additive_mask(~outside_band, query.dtype)  # (B, T): 0 or -inf
     outs, c0 = [], 0
     while c0 < nb:
         c1 = c0 + 1
@@ -441,10 +442,10 @@ def block_sparse_attention(
     query, key, value, attn_mask, scale = _prepare(
         query, key, value, attn_mask, is_causal, scale, enable_gqa
     )
-    _check_layout(layout)
+    check_layout(layout)
     B = check_size("block_size", block_size)
     i, j = query.shape[-2], key.shape[-2]
-    _check_layout_fits(layout, B, i, j)
+    check_layout_fits(layout, B, i, j)
     check_same_device(query=query, layout=layout)
     trivial = _trivial_output(query, key, value)
     if trivial is not None:

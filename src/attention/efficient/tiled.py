@@ -27,6 +27,8 @@ scores. ``is_causal`` is top-left (query ``q`` sees keys ``k <= q``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -38,8 +40,8 @@ from .._checks import (
     check_tensor,
     validate_attention,
 )
-from .._core import default_scale, poisoned_rows
-from ._tiled import _INF, _backward, _forward, _shift, _TiledAttention  # noqa: F401 (kept importable here)
+from .._core import default_scale, max_shift, poisoned_rows
+from ._tiled import TiledAttention
 
 __all__ = ["online_softmax", "tiled_attention"]
 
@@ -56,8 +58,9 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
         l_k = l_{k-1}\, e^{m_{k-1} - m_k} + e^{x_k - m_k},
 
     starting from :math:`m_0 = -\infty, l_0 = 0`. Then :math:`\operatorname{softmax}(x)_k
-    = e^{x_k - m} / l`. The two passes of :func:`~attention.two_pass_softmax` that find the
-    max and then the sum become one; the loop is explicit so the recurrence is visible.
+    = e^{x_k - m} / l`. The first two passes of
+    :func:`~attention.foundations.softmax.three_pass_softmax` (the maximum, then the
+    sum) become one; the loop is explicit so the recurrence is visible.
 
     Args:
         x: scores of any shape ``(..., n, ...)``.
@@ -80,24 +83,17 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
     dim = check_dim("dim", dim, x.dim())
     x_last = x.movedim(dim, -1)  # (..., n)
     n = x_last.shape[-1]
-    m = torch.full(x_last.shape[:-1] + (1,), -_INF, dtype=x.dtype, device=x.device)
+    m = torch.full(x_last.shape[:-1] + (1,), -math.inf, dtype=x.dtype, device=x.device)
     l = torch.zeros_like(m)  # noqa: E741 (the paper's name)
     for start in range(0, n, block_size):
         block = x_last[..., start : start + block_size]  # (..., block)
         m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
-        shift = _shift(m_new)
+        shift = max_shift(m_new)
         rescaled_old = l * torch.exp(m - shift)  # the old sum, moved to the new max
         l = rescaled_old + torch.exp(block - shift).sum(dim=-1, keepdim=True)  # noqa: E741
         m = m_new
-    out = torch.exp(x_last - _shift(m)) / l  # (..., n)
+    out = torch.exp(x_last - max_shift(m)) / l  # (..., n)
     return out.movedim(-1, dim)
-
-
-def online_softmax_blocked(
-    x: Tensor, dim: int = -1, *, block_size: int = 128
-) -> Tensor:
-    """The blockwise online softmax: :func:`online_softmax` reading ``block_size`` at a time."""
-    return online_softmax(x, dim, block_size=block_size)
 
 
 # ----------------------------------------------------------------------------- public function
@@ -219,7 +215,8 @@ def tiled_attention(
                 if mask.shape[-3] > 1
                 else mask.unsqueeze(-3)
             )
-    out, lse = _TiledAttention.apply(q, k, v, mask, is_causal, scale, block_size)
+    # the recurrence above, forward and backward: attention.efficient._tiled
+    out, lse = TiledAttention.apply(q, k, v, mask, is_causal, scale, block_size)
     if enable_gqa:
         out, lse = out.flatten(-4, -3), lse.flatten(-3, -2)  # back to (..., h, i, *)
     bad = poisoned_rows(

@@ -27,8 +27,17 @@ interpreter (what ``TRITON_INTERPRET=1`` selects), which executes the same progr
 NumPy, block by block. The interpreter is for checking correctness, not for speed.
 
 ``is_causal`` is top-left, as in ``torch.nn.functional.scaled_dot_product_attention``:
-query ``q`` sees keys ``k <= q``. There is no ``attn_mask`` argument: a boolean mask
-(True = may attend) is what :func:`attention.tiled_attention` takes.
+query ``q`` sees keys ``k <= q``. :func:`flash_attention_triton` is on the package's
+kernel contract but refuses an ``attn_mask`` (boolean, True = may attend, or float): a
+mask is what :func:`attention.tiled_attention` takes.
+
+The kernels are public so that chapter 16 can read them: :func:`flash_forward_block`
+(the inner step), :func:`flash_forward_kernel`, and the three backward kernels
+:func:`flash_backward_delta_kernel`, :func:`flash_backward_dkdv_kernel` and
+:func:`flash_backward_dq_kernel`; every launch goes through :func:`kernel_for`. On a
+GPU, ``tl.dot`` multiplies float32 inputs in IEEE float32 here
+(``input_precision="ieee"``), not in TF32, so the float32 results hold the tolerances
+the tests assert.
 """
 
 from __future__ import annotations
@@ -54,9 +63,26 @@ except ImportError as error:  # pragma: no cover - exercised only without Triton
         "attention.efficient.triton_flash needs Triton: pip install 'attention-course[triton]'"
     ) from error
 
-from .._checks import check_bool, check_tensor
+from .._checks import check_bool, check_size, validate_attention
+from .._core import (
+    add_mask,
+    attention_scores,
+    default_scale,
+    expand_kv_heads,
+    poisoned_rows,
+)
+from ..foundations.scaled_dot_product import scaled_dot_product_attention
 
-__all__ = ["flash_attention_triton"]
+__all__ = [
+    "flash_attention_triton",
+    "flash_forward_block",
+    "flash_forward_kernel",
+    "flash_backward_delta_kernel",
+    "flash_backward_dkdv_kernel",
+    "flash_backward_dq_kernel",
+    "kernel_for",
+    "INTERPRETED",
+]
 
 _LOG2E = 1.4426950408889634  # log2(e): e^x = 2^(x·log2 e)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -64,7 +90,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # ---------------------------------------------------------------------------- forward
 @triton.jit
-def _forward_block(
+def flash_forward_block(
     acc,
     m_i,
     l_i,
@@ -81,15 +107,23 @@ def _forward_block(
     qk_scale,
     MASK_CAUSAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """One step of the online softmax: fold one key/value block into the running state."""
+    r"""One step of the online softmax: fold one key/value block into the running state.
+
+    The inner step of :func:`flash_forward_kernel`: load the block's keys and values,
+    score them against the program's queries (in base-2 units, the scale times
+    :math:`\log_2 e`), hide what the causal mask and the sequence end hide, raise the
+    running maximum ``m_i``, rescale the running sum ``l_i`` and the accumulator ``acc``
+    by ``alpha`` and add this block's share. Returns the new ``(acc, m_i, l_i)``.
+    """
     keys_in = (start_n + offs_n) < num_keys
     inside = (
         keys_in[:, None] & dims_in[None, :]
     )  # rows past j, columns past d: not read
     k = tl.load(k_ptrs + start_n * stride_kn, mask=inside, other=0.0)
     v = tl.load(v_ptrs + start_n * stride_vn, mask=inside, other=0.0)
-    qk = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_M, BLOCK_N), in log2 units
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
     visible = keys_in[None, :]
     if MASK_CAUSAL:
         visible = visible & (offs_m[:, None] >= (start_n + offs_n)[None, :])
@@ -98,12 +132,12 @@ def _forward_block(
     p = tl.math.exp2(qk - m_new[:, None])  # this block's unnormalised weights
     alpha = tl.math.exp2(m_i - m_new)  # rescales what came before
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _flash_forward(
+def flash_forward_kernel(
     Q,
     K,
     V,
@@ -125,8 +159,17 @@ def _flash_forward(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """Program (query block ``start_m``, batch·head ``z``): O and LSE for BLOCK_M queries."""
+    """The forward kernel: one program per (query block ``start_m``, batch·head ``z``).
+
+    The program loads its BLOCK_M queries once, starts the running maximum at ``-inf``
+    and the running sum and accumulator at 0, folds in the key/value blocks with
+    :func:`flash_forward_block` (causal: the blocks below the diagonal unmasked, then
+    the diagonal block masked; the blocks above it are never loaded), divides once, and
+    stores the output rows and their log-sum-exp (base 2). Grid:
+    ``(cdiv(i, BLOCK_M), b·h)``.
+    """
     start_m = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -149,7 +192,7 @@ def _flash_forward(
         # 1. key blocks wholly below the diagonal: every query of the block sees every key
         below = tl.minimum(start_m * BLOCK_M, num_keys)
         for start_n in range(0, below, BLOCK_N):
-            acc, m_i, l_i = _forward_block(
+            acc, m_i, l_i = flash_forward_block(
                 acc,
                 m_i,
                 l_i,
@@ -166,11 +209,12 @@ def _flash_forward(
                 qk_scale,
                 False,
                 BLOCK_N,
+                PRECISION,
             )
         # 2. the diagonal block(s): the causal mask is applied only here
         diagonal_end = tl.minimum((start_m + 1) * BLOCK_M, num_keys)
         for start_n in range(below, diagonal_end, BLOCK_N):
-            acc, m_i, l_i = _forward_block(
+            acc, m_i, l_i = flash_forward_block(
                 acc,
                 m_i,
                 l_i,
@@ -187,10 +231,11 @@ def _flash_forward(
                 qk_scale,
                 True,
                 BLOCK_N,
+                PRECISION,
             )
     else:
         for start_n in range(0, num_keys, BLOCK_N):
-            acc, m_i, l_i = _forward_block(
+            acc, m_i, l_i = flash_forward_block(
                 acc,
                 m_i,
                 l_i,
@@ -207,6 +252,7 @@ def _flash_forward(
                 qk_scale,
                 False,
                 BLOCK_N,
+                PRECISION,
             )
     acc = acc / l_i[:, None]  # the one division, at the end
     tl.store(LSE + z * num_queries + offs_m, m_i + tl.math.log2(l_i), mask=rows_in)
@@ -219,7 +265,7 @@ def _flash_forward(
 
 # --------------------------------------------------------------------------- backward
 @triton.jit
-def _flash_backward_delta(
+def flash_backward_delta_kernel(
     Out,
     DO,
     DELTA,
@@ -230,7 +276,8 @@ def _flash_backward_delta(
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """D_i = rowsum(dO ∘ O): the term every dS_ij of row i subtracts."""
+    """Backward, kernel 1: ``D_i = rowsum(dO ∘ O)``, the term every ``dS_ij`` of row
+    ``i`` subtracts. One program per (query block, batch·head)."""
     start_m = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -245,7 +292,7 @@ def _flash_backward_delta(
 
 
 @triton.jit
-def _flash_backward_dkdv(
+def flash_backward_dkdv_kernel(
     Q,
     K,
     V,
@@ -269,8 +316,14 @@ def _flash_backward_dkdv(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """Program (key block ``start_n``, batch·head ``z``): dK and dV of BLOCK_N keys."""
+    """Backward, kernel 2: one program per (key block ``start_n``, batch·head ``z``).
+
+    Walks the query blocks that can see the key block, recomputes ``P`` from the saved
+    log-sum-exp and accumulates ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` for its BLOCK_N
+    keys: no other program writes those rows.
+    """
     start_n = tl.program_id(0)
     z = tl.program_id(1)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -309,15 +362,15 @@ def _flash_backward_dkdv(
         )
         lse = tl.load(LSE + z * num_queries + rows, mask=rows_in, other=0.0)
         delta = tl.load(DELTA + z * num_queries + rows, mask=rows_in, other=0.0)
-        qk_t = tl.dot(k, tl.trans(q)) * qk_scale  # (BLOCK_N, BLOCK_M), log2 units
+        qk_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # log2
         visible = keys_in[:, None] & rows_in[None, :]
         if IS_CAUSAL:
             visible = visible & (rows[None, :] >= offs_n[:, None])
         p_t = tl.where(visible, tl.math.exp2(qk_t - lse[None, :]), 0.0)  # P recomputed
-        dv += tl.dot(p_t.to(do.dtype), do)
-        dp_t = tl.dot(v, tl.trans(do))
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q.dtype), q)
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)
     tl.store(
         DK + z * stride_kz + offs_n[:, None] * stride_kn + offs_d[None, :],
         (dk * scale).to(DK.dtype.element_ty),
@@ -331,7 +384,7 @@ def _flash_backward_dkdv(
 
 
 @triton.jit
-def _flash_backward_dq(
+def flash_backward_dq_kernel(
     Q,
     K,
     V,
@@ -354,8 +407,13 @@ def _flash_backward_dq(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """Program (query block ``start_m``, batch·head ``z``): dQ of BLOCK_M queries."""
+    """Backward, kernel 3: one program per (query block ``start_m``, batch·head ``z``).
+
+    The mirror image of :func:`flash_backward_dkdv_kernel`: walks the key blocks its
+    queries can see and accumulates ``dQ += dS K`` for its BLOCK_M queries.
+    """
     start_m = tl.program_id(0)
     z = tl.program_id(1)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -392,14 +450,14 @@ def _flash_backward_dq(
             mask=kv_mask,
             other=0.0,
         )
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = rows_in[:, None] & keys_in[None, :]
         if IS_CAUSAL:
             visible = visible & (offs_m[:, None] >= cols[None, :])
         p = tl.where(visible, tl.math.exp2(qk - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.store(
         DQ + z * stride_qz + offs_m[:, None] * stride_qm + offs_d[None, :],
         (dq * scale).to(DQ.dtype.element_ty),
@@ -410,7 +468,9 @@ def _flash_backward_dq(
 # ----------------------------------------------------------------------------- launch
 INTERPRETED = isinstance(tl.sum, InterpretedFunction)
 """True when the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``)."""
-if isinstance(_flash_forward, InterpretedFunction) != INTERPRETED:  # pragma: no cover
+if (
+    isinstance(flash_forward_kernel, InterpretedFunction) != INTERPRETED
+):  # pragma: no cover
     raise ImportError(
         "Triton was first imported with another TRITON_INTERPRET setting than this module's "
         "kernels see: its own library functions are compiled and these kernels interpreted, "
@@ -419,8 +479,13 @@ if isinstance(_flash_forward, InterpretedFunction) != INTERPRETED:  # pragma: no
     )
 
 
-def _kernel(kernel, device: torch.device):
-    """The kernel, compiled for CUDA or interpreted; CPU tensors need the interpreter."""
+def kernel_for(kernel, device: torch.device):
+    """The kernel to launch on ``device``: ``kernel_for(k, device)[grid](*args)``.
+
+    Every launch of the module goes through it (a wrapper in its place sees each grid).
+    On CUDA the kernel is compiled; CPU tensors need Triton's interpreter, and a
+    ``ValueError`` says how to turn it on when it is off.
+    """
     if device.type == "cpu" and not INTERPRETED:
         raise ValueError(
             "CPU tensors run only under Triton's interpreter: set "
@@ -429,10 +494,22 @@ def _kernel(kernel, device: torch.device):
     return kernel
 
 
-def _blocks(device: torch.device, block_size: int | None) -> int:
-    if block_size is not None:
-        return block_size
-    return 64 if device.type == "cuda" else 16
+def _block(device: torch.device, block_size: int | None, i: int, j: int) -> int:
+    """The block size: given or 64 on CUDA, 16 on the interpreter; never past the
+    sequence (a block larger than the longer of ``i`` and ``j``, rounded up to a power
+    of two, would only compute padding)."""
+    block = (
+        block_size if block_size is not None else 64 if device.type == "cuda" else 16
+    )
+    return min(block, max(16, triton.next_power_of_2(max(i, j))))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: "ieee" for float32, which NVIDIA GPUs would
+    otherwise multiply in TF32 (10-bit mantissas: errors near 1e-3 against float64);
+    float16 and bfloat16 products are exact on the tensor cores either way. (The
+    interpreter computes in NumPy and ignores the setting.)"""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 class _FlashAttentionTriton(torch.autograd.Function):
@@ -449,8 +526,9 @@ class _FlashAttentionTriton(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = torch.empty(z, num_queries, device=q.device, dtype=torch.float32)
         block_d = max(16, triton.next_power_of_2(head_dim))
+        precision = _precision(q.dtype)
         grid = (triton.cdiv(num_queries, block), z)
-        _kernel(_flash_forward, q.device)[grid](
+        kernel_for(flash_forward_kernel, q.device)[grid](
             q,
             k,
             v,
@@ -472,6 +550,7 @@ class _FlashAttentionTriton(torch.autograd.Function):
             BLOCK_M=block,
             BLOCK_N=block,
             BLOCK_D=block_d,
+            PRECISION=precision,
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.shape, ctx.is_causal, ctx.scale, ctx.block = (
@@ -491,7 +570,9 @@ class _FlashAttentionTriton(torch.autograd.Function):
         block_d = max(16, triton.next_power_of_2(head_dim))
         do = dout.reshape(z, num_queries, head_dim).contiguous()
         delta = torch.empty(z, num_queries, device=q.device, dtype=torch.float32)
-        _kernel(_flash_backward_delta, q.device)[(triton.cdiv(num_queries, block), z)](
+        kernel_for(flash_backward_delta_kernel, q.device)[
+            (triton.cdiv(num_queries, block), z)
+        ](
             out,
             do,
             delta,
@@ -515,9 +596,15 @@ class _FlashAttentionTriton(torch.autograd.Function):
             v.stride(1),
         )
         common = dict(
-            IS_CAUSAL=ctx.is_causal, BLOCK_M=block, BLOCK_N=block, BLOCK_D=block_d
+            IS_CAUSAL=ctx.is_causal,
+            BLOCK_M=block,
+            BLOCK_N=block,
+            BLOCK_D=block_d,
+            PRECISION=_precision(q.dtype),
         )
-        _kernel(_flash_backward_dkdv, q.device)[(triton.cdiv(num_keys, block), z)](
+        kernel_for(flash_backward_dkdv_kernel, q.device)[
+            (triton.cdiv(num_keys, block), z)
+        ](
             q,
             k,
             v,
@@ -534,7 +621,9 @@ class _FlashAttentionTriton(torch.autograd.Function):
             *strides,
             **common,
         )
-        _kernel(_flash_backward_dq, q.device)[(triton.cdiv(num_queries, block), z)](
+        kernel_for(flash_backward_dq_kernel, q.device)[
+            (triton.cdiv(num_queries, block), z)
+        ](
             q,
             k,
             v,
@@ -561,81 +650,66 @@ class _FlashAttentionTriton(torch.autograd.Function):
         )
 
 
-def _validate(query, key, value, is_causal, scale, block_size):
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, tensor)
-        if tensor.dim() < 3:
-            raise ValueError(
-                f"{name} must have shape (..., n, d) with at least one batch "
-                f"dimension, got {tuple(tensor.shape)}"
-            )
-        if tensor.dtype not in _DTYPES:
-            raise TypeError(
-                f"{name} must be float16, bfloat16 or float32 (the types "
-                f"Triton's tl.dot multiplies), got {tensor.dtype}"
-            )
-        if tensor.device.type not in ("cpu", "cuda"):
-            raise ValueError(
-                f"{name} must be on the CPU (Triton's interpreter) or a CUDA "
-                f"device, got {tensor.device}"
-            )
-    check_bool("is_causal", is_causal)
+def _validate(
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, block_size, return_lse
+) -> torch.Size:
+    """The contract's checks, then what the kernels need; returns the scores' shape."""
+    scores_shape = validate_attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa
+    )
+    check_bool("return_lse", return_lse)
+    if attn_mask is not None:
+        raise ValueError(
+            "flash_attention_triton takes no attn_mask: its kernels apply only the "
+            "causal mask (is_causal=True); a boolean or float mask is for "
+            "tiled_attention, which runs the same recurrence in PyTorch"
+        )
+    if query.dtype not in _DTYPES:
+        raise TypeError(
+            "query, key and value must be float16, bfloat16 or float32 (the types "
+            f"Triton's tl.dot multiplies), got {query.dtype}"
+        )
+    if query.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            "query, key and value must be on the CPU (Triton's interpreter) or a CUDA "
+            f"device, got {query.device}"
+        )
     if INTERPRETED and query.dtype == torch.bfloat16:
         raise TypeError(
             "Triton's interpreter computes with NumPy, which has no bfloat16: "
             "use float16 or float32 on the CPU, bfloat16 on a CUDA device"
         )
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
-            f"query, key and value must share one dtype, got {query.dtype}, "
-            f"{key.dtype} and {value.dtype}"
-        )
-    if not (query.device == key.device == value.device):
-        raise ValueError(
-            f"query, key and value must be on one device, got {query.device}, "
-            f"{key.device} and {value.device}"
-        )
-    if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
-        raise ValueError(
-            "query, key and value must share their batch and head dimensions "
-            f"(no broadcasting), got {tuple(query.shape[:-2])}, "
-            f"{tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
-        )
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
-            f"key and value must have the same number of positions j, got "
-            f"{key.shape[-2]} and {value.shape[-2]}"
-        )
-    d = query.shape[-1]
-    if key.shape[-1] != d or value.shape[-1] != d:
-        raise ValueError(
-            "this kernel needs one size d for query, key and value, got "
-            f"{d}, {key.shape[-1]} and {value.shape[-1]}"
-        )
-    if not 1 <= d <= 256:
-        raise ValueError(f"the head size d must be between 1 and 256, got {d}")
-    if query.shape[-2] == 0 or key.shape[-2] == 0:
-        raise ValueError(
-            "query and key need at least one position each, got "
-            f"i = {query.shape[-2]} and j = {key.shape[-2]}"
-        )
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(
-                f"scale must be a float or None, got {type(scale).__name__}"
-            )
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be finite and positive, got {scale}")
     if block_size is not None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int):
-            raise TypeError(
-                f"block_size must be an int or None, got {type(block_size).__name__}"
-            )
-        if block_size < 16 or block_size & (block_size - 1):
+        block_size = check_size("block_size", block_size, minimum=16)
+        if block_size > 256 or block_size & (block_size - 1):
             raise ValueError(
-                "block_size must be a power of two of at least 16 (tl.dot's "
-                f"smallest tile), got {block_size}"
+                "block_size must be a power of two from 16 (tl.dot's smallest tile) to "
+                "256 (a block_size × block_size tile of scores lives in registers and "
+                f"on-chip memory), got {block_size}"
             )
+    d, e = query.shape[-1], value.shape[-1]
+    if scores_shape[-1] and scores_shape[-2] and d:  # what the kernels will see
+        if e != d:
+            raise ValueError(
+                "the kernels need one size d for query, key and value, got "
+                f"d = {d} and e = {e}"
+            )
+        if d > 256:
+            raise ValueError(f"the head size d must be at most 256, got {d}")
+    return scores_shape
+
+
+def _nothing_to_compute(query, key, value, is_causal, scale, enable_gqa, return_lse):
+    """``i``, ``j`` or ``d`` is 0: the dense reference, which handles these as torch
+    does (no key: zeros; ``d = 0``: zero scores, the mean of the visible values)."""
+    out = scaled_dot_product_attention(
+        query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+    if not return_lse:
+        return out
+    scores, mask = attention_scores(query, key, None, is_causal, scale, enable_gqa)
+    scores = scores if mask is None else add_mask(scores, mask)
+    return out, torch.logsumexp(scores.float(), dim=-1)  # (..., h, i), -inf for j = 0
 
 
 def flash_attention_triton(
@@ -643,8 +717,10 @@ def flash_attention_triton(
     key: Tensor,
     value: Tensor,
     *,
+    attn_mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
     block_size: int | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -657,22 +733,31 @@ def flash_attention_triton(
 
     Equal, up to rounding, to :func:`attention.tiled_attention` and to
     ``torch.nn.functional.scaled_dot_product_attention`` with the same arguments; the
-    ``(i, j)`` weights are never stored, in the forward or the backward pass.
+    ``(i, j)`` weights are never stored, in the forward or the backward pass. On the
+    kernel contract of the package: batch dims broadcast, grouped-query heads are
+    repeated before the kernels, and a NaN or ``+inf`` score against a key the causal
+    kernels skip still makes its row NaN, as in the dense reference.
 
     Args:
-        query: ``(..., i, d)``, e.g. ``(b, h, i, d)``.
-        key: ``(..., j, d)`` with the same leading dimensions (no broadcasting, no GQA).
-        value: ``(..., j, d)``.
+        query: ``(..., h, i, d)``, e.g. ``(b, h, i, d)``; float16, bfloat16 (CUDA
+            only) or float32.
+        key: ``(..., h_kv, j, d)``.
+        value: ``(..., h_kv, j, d)``: the kernels need ``e = d``.
+        attn_mask: must be None: the kernels apply only the causal mask, and a
+            ``ValueError`` says so. A boolean mask (True = may attend) or a float one is
+            for :func:`attention.tiled_attention`.
         is_causal: top-left causal mask (query ``q`` sees keys ``k <= q``), as in torch's
-            SDPA. There is no ``attn_mask``: a boolean mask (True = may attend) is for
-            :func:`attention.tiled_attention`.
-        scale: multiplies the scores; ``None`` means ``1/sqrt(d)``.
-        block_size: rows per query block and per key block (a power of two ≥ 16);
-            ``None`` picks 64 on CUDA and 16 on the CPU interpreter.
+            SDPA.
+        scale: multiplies the scores; ``None`` means ``1/sqrt(d)``. Any real number, NaN
+            included (it propagates, as in torch).
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
+        block_size: rows per query block and per key block, a power of two from 16 to
+            256; ``None`` picks 64 on CUDA and 16 on the CPU interpreter. A block longer
+            than the sequence is cut to it.
         return_lse: also return the natural log-sum-exp of each row's scaled scores.
 
     Returns:
-        ``(..., i, d)``, and ``(..., i)`` float32 log-sum-exp when ``return_lse``.
+        ``(..., h, i, d)``, and ``(..., h, i)`` float32 log-sum-exp when ``return_lse``.
 
     Example:
         >>> import torch
@@ -683,12 +768,32 @@ def flash_attention_triton(
         >>> torch.allclose(out, ref, atol=1e-5)
         True
     """
-    _validate(query, key, value, is_causal, scale, block_size)
-    check_bool("return_lse", return_lse)
-    if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
-    block = _blocks(query.device, block_size)
-    out, lse = _FlashAttentionTriton.apply(
-        query, key, value, is_causal, float(scale), block
+    scores_shape = _validate(
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        block_size,
+        return_lse,
     )
+    *lead, i, j = scores_shape
+    if min(i, j, query.shape[-1]) == 0:
+        return _nothing_to_compute(
+            query, key, value, is_causal, scale, enable_gqa, return_lse
+        )
+    scale = default_scale(scale, query.shape[-1])
+    q, k, v = query, key, value
+    if enable_gqa:
+        k = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
+        v = expand_kv_heads(value, query.shape[-3])
+    q, k, v = (t.expand(*lead, *t.shape[-2:]) for t in (q, k, v))  # broadcast batch
+    block = _block(query.device, block_size, i, j)
+    out, lse = _FlashAttentionTriton.apply(q, k, v, is_causal, scale, block)
+    bad = poisoned_rows(query, key, scale, enable_gqa)  # e.g. +inf in a skipped block
+    if bad is not None:
+        out = out.masked_fill(bad, math.nan)
+        lse = lse.masked_fill(bad.squeeze(-1), math.nan)
     return (out, lse) if return_lse else out

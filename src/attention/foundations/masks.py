@@ -29,8 +29,18 @@ from .._checks import (
     check_same_device,
     check_tensor,
 )
+from .._core import additive_mask, tril_mask
 
-__all__ = ["causal_mask", "padding_mask", "block_diagonal_mask", "combine_masks"]
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "block_diagonal_mask",
+    "combine_masks",
+    "decoding_mask",
+    "to_additive_mask",
+]
 
 
 def causal_mask(
@@ -64,9 +74,7 @@ def causal_mask(
     check_choice("align", align, ("top-left", "bottom-right"))
     device = check_device("device", device)
     offset = 0 if align == "top-left" else j - i
-    q = torch.arange(i, device=device).unsqueeze(-1)  # (i, 1)
-    k = torch.arange(j, device=device).unsqueeze(0)  # (1, j)
-    return k <= q + offset  # (i, j)
+    return tril_mask(i, j, offset=offset, device=device)  # (i, j): k <= q + offset
 
 
 def decoding_mask(num_new: int, num_cached: int, *, device=None) -> Tensor:
@@ -200,7 +208,9 @@ def block_diagonal_mask(
         torch.arange(lengths.numel(), device=lengths.device), lengths
     )  # (n,): which sequence each packed token belongs to
     mask = segment.unsqueeze(-1) == segment.unsqueeze(0)  # (n, n)
-    return mask.tril() if is_causal else mask
+    if is_causal:
+        mask = mask & tril_mask(*mask.shape, device=mask.device)
+    return mask
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:
@@ -246,5 +256,4 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
     check_dtype("dtype", dtype, floating=True)
-    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return out.masked_fill(~mask, float("-inf"))
+    return additive_mask(mask, dtype)  # 0 where True, -inf where False

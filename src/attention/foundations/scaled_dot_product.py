@@ -11,11 +11,17 @@ the ground truth every faster variant in the package is tested against.
 
 from __future__ import annotations
 
-import torch  # noqa: F401  (the doctests use it)
+import torch
 from torch import Tensor
 
 from .._checks import check_probability, validate_attention, validate_weights
-from .._core import _attention, _weights
+from .._core import (
+    add_mask,
+    attention_scores,
+    expand_kv_heads,
+    masked_softmax,
+    softmax_or_zero,
+)
 
 __all__ = ["attention_weights", "scaled_dot_product_attention"]
 
@@ -56,7 +62,10 @@ def attention_weights(
         [[1.0, 0.0], [0.0, 1.0]]
     """
     validate_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
-    return _weights(query, key, attn_mask, is_causal, scale, enable_gqa)
+    scores, attn_mask = attention_scores(
+        query, key, attn_mask, is_causal, scale, enable_gqa
+    )  # (..., h, i, j) = q·kᵀ·scale; is_causal becomes a mask
+    return masked_softmax(scores, attn_mask)  # (..., h, i, j)
 
 
 def scaled_dot_product_attention(
@@ -107,9 +116,20 @@ def scaled_dot_product_attention(
         [[1.0]]
     """
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
-    check_probability(
-        "dropout_p", dropout_p, closed=True
-    )  # torch allows 1.0: all zeros
-    return _attention(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa, dropout_p
-    )[0]
+    check_probability("dropout_p", dropout_p, closed=True)  # torch allows 1: zeros
+    # 1. scores: q·kᵀ·scale for every (query, key) pair; is_causal becomes a mask
+    scores, attn_mask = attention_scores(
+        query, key, attn_mask, is_causal, scale, enable_gqa
+    )  # (..., h, i, j)
+    # 2. mask: add 0 where attending is allowed, -inf where not (a float mask as is)
+    if attn_mask is not None:
+        scores = add_mask(scores, attn_mask)
+    # 3. softmax over the keys; a row with no visible key gets zero weights
+    weights = softmax_or_zero(scores, dim=-1)  # (..., h, i, j)
+    # 4. dropout on the weights (training only: pass dropout_p=0.0 to evaluate)
+    if dropout_p > 0.0:
+        weights = torch.dropout(weights, dropout_p, train=True)
+    # 5. weighted sum of the values (each key/value head serves its group of queries)
+    if enable_gqa:
+        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
+    return weights @ value  # (..., h, i, e)

@@ -11,11 +11,18 @@ import torch
 from torch import Tensor
 
 from .._checks import check_bool, check_dim, check_tensor
-from .._core import _empty, _shift, _softmax
+from .._core import is_empty, max_shift, row_max, stable_softmax
 
-# softmax_jacobian and three_pass_softmax, used by chapters 2, 3 and 14, are imported
-# from this module (``from attention.foundations.softmax import softmax_jacobian``).
-__all__ = ["softmax", "log_softmax", "logsumexp", "entropy"]
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "softmax",
+    "log_softmax",
+    "logsumexp",
+    "entropy",
+    "three_pass_softmax",
+    "softmax_jacobian",
+]
 
 
 def _check(name: str, x, dim) -> None:
@@ -47,7 +54,11 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
         2
     """
     _check("x", x, dim)
-    return _softmax(x, dim)
+    if is_empty(x, dim):  # nothing to normalise (amax would refuse the empty axis)
+        return x.clone()
+    m = max_shift(row_max(x, dim))  # the row maximum; 0 for a row of -inf
+    z = torch.exp(x - m)  # every exponent <= 0
+    return z / z.sum(dim=dim, keepdim=True)
 
 
 def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
@@ -62,9 +73,9 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     """
     _check("x", x, dim)
     check_bool("keepdim", keepdim)
-    if _empty(x, dim):
+    if is_empty(x, dim):
         return torch.logsumexp(x, dim=dim, keepdim=keepdim)  # -inf, torch's convention
-    m = _shift(x, dim, zero_infinite=True)
+    m = max_shift(row_max(x, dim), zero_infinite=True)
     out = m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
     return out if keepdim else out.squeeze(dim)
 
@@ -81,9 +92,9 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
         [0.0, -10000.0]
     """
     _check("x", x, dim)
-    if _empty(x, dim):
+    if is_empty(x, dim):
         return x.clone()
-    shifted = x - _shift(x, dim, zero_infinite=False)
+    shifted = x - max_shift(row_max(x, dim))
     return shifted - torch.log(torch.exp(shifted).sum(dim=dim, keepdim=True))
 
 
@@ -122,12 +133,6 @@ def three_pass_softmax(x: Tensor) -> Tensor:
     return out
 
 
-# The former name, which counted the two *phases* (normaliser, then scaling) and so clashed
-# with chapter 14's "two-pass" online softmax. Chapter 14 and attention.efficient.tiled's docstring
-# still use it; remove it once they say three_pass_softmax.
-two_pass_softmax = three_pass_softmax
-
-
 def softmax_jacobian(z: Tensor) -> Tensor:
     r"""Jacobian of the softmax over the last axis: :math:`J = \operatorname{diag}(s) - s s^\top`.
 
@@ -146,7 +151,7 @@ def softmax_jacobian(z: Tensor) -> Tensor:
         True
     """
     check_tensor("z", z, floating=True, min_dim=1)
-    s = _softmax(z, -1)
+    s = stable_softmax(z, -1)
     return torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)  # (..., n, n)
 
 

@@ -42,9 +42,13 @@ from .._core import masked_softmax
 from ._scoring import additive_hidden_core, check_feature_sizes, check_param
 from .scoring import AdditiveScore, additive_hidden, get_activation
 
-# The functional multi-dimensional pieces are imported from this module
-# (``from attention.layers.additive import multidimensional_weights``).
-__all__ = ["AdditiveAttention", "MultiDimensionalAttention"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "AdditiveAttention",
+    "MultiDimensionalAttention",
+    "multidimensional_weights",
+]
 
 
 def _attention_inputs(

@@ -43,9 +43,18 @@ from .._checks import (
 from .._core import masked_softmax
 from ._scoring import check_param
 
-# The functions are imported from this module (``from attention.layers.alignment import
-# soft_alignment``); the facade exports the mechanisms.
-__all__ = ["hard_attention", "LocalAlignment"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "hard_attention",
+    "LocalAlignment",
+    "hard_alignment",
+    "local_alignment",
+    "local_centre",
+    "local_window",
+    "soft_alignment",
+    "soft_attention",
+]
 
 
 # --------------------------------------------------------------------------- soft

@@ -21,7 +21,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_sizes
-from ._single_head import _attend, _check_features, _check_options
+from ..foundations.scaled_dot_product import attention_weights
+from ._single_head import check_features, check_options
 
 __all__ = ["CrossAttention"]
 
@@ -92,13 +93,14 @@ class CrossAttention(nn.Module):
             (row = query token, column = context token) with ``need_weights=True``, else
             ``None``.
         """
-        _check_features("x_query", x_query, self.d_q_in, "d_q_in", self.w_query)
-        _check_features("x_context", x_context, self.d_kv_in, "d_kv_in", self.w_key)
-        _check_options(x_query, x_context, attn_mask, False, need_weights)
+        check_features("x_query", x_query, self.d_q_in, "d_q_in", self.w_query)
+        check_features("x_context", x_context, self.d_kv_in, "d_kv_in", self.w_key)
+        check_options(x_query, x_context, attn_mask, False, need_weights)
         query = self.w_query(x_query)  # (..., i, d)
         key = self.w_key(x_context)  # (..., j, d)
         value = self.w_value(x_context)  # (..., j, e)
-        return _attend(query, key, value, attn_mask, False, need_weights)
+        weights = attention_weights(query, key, attn_mask=attn_mask)  # (..., i, j)
+        return weights @ value, (weights if need_weights else None)  # (..., i, e)
 
     def extra_repr(self) -> str:
         return (

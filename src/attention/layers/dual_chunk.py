@@ -34,8 +34,15 @@ import torch
 from torch import Tensor
 
 from .._checks import check_bool, check_int, check_size, validate_attention
-from .._core import default_scale, expand_kv_heads, masked_softmax, poisoned_rows
-from .._rope import _apply_rope, _check_scaling, rope_config
+from .._core import (
+    attention_scores,
+    default_scale,
+    expand_kv_heads,
+    masked_softmax,
+    poisoned_rows,
+    tril_mask,
+)
+from .._rope import check_scaling, rope_config, rope_rotate
 from .positional import RotaryConfig
 
 __all__ = ["dual_chunk_positions", "dual_chunk_attention"]
@@ -109,9 +116,6 @@ def dual_chunk_attention(
     chunk_size: int,
     local_window: int = 0,
     rope: RotaryConfig | None = None,
-    base: float | None = None,
-    interleaved: bool | None = None,
-    scaling: dict | None = None,
 ) -> Tensor:
     r"""Causal rotary attention with Dual Chunk Attention's position indices.
 
@@ -142,8 +146,7 @@ def dual_chunk_attention(
             "local_size").
         local_window: ``w``, ``0 <= w < s``.
         rope: the rotary embedding's options, a :class:`attention.RotaryConfig` (default
-            ``RotaryConfig()``). ``base=``, ``interleaved=`` and ``scaling=`` are a
-            deprecated spelling of ``rope=RotaryConfig(base=..., ...)``.
+            ``RotaryConfig()``).
 
     Returns:
         ``(..., h, i, e)``. The ``i`` queries are the last ``i`` of the ``j`` positions
@@ -169,20 +172,14 @@ def dual_chunk_attention(
             "the query's), so is_causal must be True"
         )
     s, w = _check_chunking(chunk_size, local_window)
-    rope = rope_config(
-        rope,
-        "dual_chunk_attention",
-        base=("base", base),
-        interleaved=("interleaved", interleaved),
-        scaling=("scaling", scaling),
-    )
+    rope = rope_config(rope, default=RotaryConfig())
     d = query.shape[-1]
     if d % 2:
         raise ValueError(f"the query/key size d must be even for RoPE, got {d}")
     base, interleaved, scaling = (
         rope.base,
         rope.interleaved,
-        _check_scaling(rope.scaling, d),
+        check_scaling(rope.scaling, d),
     )
     i, j = query.shape[-2], key.shape[-2]
     if i > j:
@@ -194,7 +191,7 @@ def dual_chunk_attention(
     device = query.device
 
     def rotate(x: Tensor, positions: Tensor) -> Tensor:
-        return _apply_rope(x, positions, base, interleaved, scaling)
+        return rope_rotate(x, positions, base, interleaved, scaling)
 
     first = j - i  # the queries sit at positions first ... j - 1
     q_pos = torch.arange(first, j, device=device)
@@ -210,7 +207,6 @@ def dual_chunk_attention(
     q_intra = rotate(query, q_idx.intra)  # (..., h, i, d)
     q_succ = rotate(query, q_idx.successive)
     q_inter = rotate(query, q_idx.inter)
-    scale = default_scale(scale, d)
     if attn_mask is not None:
         attn_mask = attn_mask.expand(scores_shape)  # (..., h, i, j), a view
 
@@ -231,19 +227,16 @@ def dual_chunk_attention(
             (q_succ, start_succ, start_intra),
             (q_intra, start_intra, end),
         )
-        scores = (
-            torch.cat(
-                [
-                    qr[..., rows, :] @ k_rot[..., a:b, :].transpose(-2, -1)
-                    for qr, a, b in parts
-                ],
-                dim=-1,
-            )
-            * scale
+        scores = torch.cat(
+            [
+                attention_scores(qr[..., rows, :], k_rot[..., a:b, :], scale=scale)[0]
+                for qr, a, b in parts
+            ],
+            dim=-1,
         )  # (..., h, rows, end)
-        visible = (
-            torch.arange(end, device=device) <= q_pos[rows, None]
-        )  # (rows, end) causal
+        visible = tril_mask(
+            stop - rows_done, end, offset=first + rows_done, device=device
+        )  # (rows, end): keys up to each query's position
         scores = scores.masked_fill(~visible, float("-inf"))
         mask = None if attn_mask is None else attn_mask[..., rows, :end]
         weights = masked_softmax(scores, mask)  # a row with no visible key: zeros
@@ -252,5 +245,5 @@ def dual_chunk_attention(
     out = torch.cat(outputs, dim=-2)  # (..., h, i, e)
     # the package's rule for non-finite scores: a NaN or +inf score against any key, even a
     # future one this loop never computes, makes the row NaN (as in the dense reference)
-    bad = poisoned_rows(q_intra, k_rot, scale, False)
+    bad = poisoned_rows(q_intra, k_rot, default_scale(scale, d), False)
     return out if bad is None else out.masked_fill(bad, float("nan"))

@@ -28,8 +28,12 @@ from .._cache import LinearCache, check_new_kv, zero_buffers
 from .._checks import check_dtype, check_int, check_sizes
 from ..foundations.masks import causal_mask
 
-# kv_cache_bytes_per_token is imported from this module (chapter 6 does).
-__all__ = ["KVCache"]
+# The facade re-exports the library names (the first 1); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "KVCache",
+    "kv_cache_bytes_per_token",
+]
 
 
 class KVCache(LinearCache):

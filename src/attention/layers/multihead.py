@@ -1,7 +1,8 @@
 """Multi-head, grouped-query and multi-query attention (taught in chapter 6).
 
 Shape legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``i`` query
-positions, ``j`` key positions, ``d`` head size (``head_dim = embed_dim // h``).
+positions, ``j`` key positions, ``d`` head size (``head_dim``, by default
+``embed_dim // h``).
 
 Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
 ``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
@@ -13,14 +14,16 @@ The production formulation (Vaswani et al., 2017): one projection per role,
 the keys and values have fewer heads, each shared by a group of ``h / h_kv`` query heads:
 grouped-query attention (GQA; Ainslie et al., 2023), or multi-query attention (MQA;
 Shazeer, 2019) for ``h_kv = 1``. The KV cache for incremental decoding is in
-:mod:`attention.layers.kv_cache`. With ``rope=RotaryConfig(...)`` (or ``rope=True``) the queries
-and keys of every head are rotated by their positions (rotary position embedding, chapter
-07) after the split into heads and before the scores, as in Llama-style models. The
-attention itself is any kernel on the package's contract (``attention_fn``).
+:mod:`attention.layers.kv_cache`. With ``rope=RotaryConfig(...)`` the queries and keys
+of every head are rotated by their positions (rotary position embedding, chapter 7)
+after the split into heads and before the scores, as in Llama-style models. The
+attention itself is one call of a kernel on the package's contract (``attention_fn``),
+by default PyTorch's fused ``scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -38,8 +41,11 @@ from .._checks import (
     check_probability,
     check_tensor,
 )
-from .._core import _attention
-from .._rope import _apply_rope, _check_positions, _check_scaling, rope_config
+from .._rope import check_positions, check_scaling, rope_config, rope_rotate
+from ..foundations.scaled_dot_product import (
+    attention_weights,
+    scaled_dot_product_attention,
+)
 from .kv_cache import KVCache
 from .positional import RotaryConfig
 
@@ -96,19 +102,20 @@ def merge_heads(x: Tensor) -> Tensor:
     return _merge_heads(x)
 
 
-def _rope_config(rope, rope_base, rope_interleaved) -> RotaryConfig | None:
-    """``rope`` (a RotaryConfig, True, False or None) and the former flags, as one config."""
-    if rope is not None and not isinstance(rope, (bool, RotaryConfig)):
-        raise TypeError(
-            f"rope must be a RotaryConfig, a bool or None, got {type(rope).__name__}"
-        )
-    config = rope_config(
-        None if rope in (None, True, False) else rope,
-        "MultiHeadAttention",
-        rope_base=("base", rope_base),
-        rope_interleaved=("interleaved", rope_interleaved),
+# The softmax kernels whose weights attention_weights reproduces (need_weights=True).
+_SOFTMAX_KERNELS = (F.scaled_dot_product_attention, scaled_dot_product_attention)
+
+
+def _takes_dropout(fn: Callable) -> bool:
+    """Whether ``fn`` takes ``dropout_p=`` (True when its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature, e.g. torch's SDPA
+        return True
+    return any(
+        p.name == "dropout_p" or p.kind is inspect.Parameter.VAR_KEYWORD
+        for p in parameters
     )
-    return None if rope in (None, False) else config
 
 
 class MultiHeadAttention(nn.Module):
@@ -120,36 +127,42 @@ class MultiHeadAttention(nn.Module):
         \text{head}_n = \operatorname{softmax}\!\Big(\frac{Q W^Q_n (K W^K_{g(n)})^\top}
         {\sqrt{d}} + M\Big) V W^V_{g(n)}
 
-    with ``g(n) = n // (h / h_kv)`` the key/value head that query head ``n`` reads.
+    with ``g(n) = n // (h / h_kv)`` the key/value head that query head ``n`` reads. The
+    forward pass has one path: project, split into heads, rotate (RoPE), append to the
+    cache, attend with ``attention_fn``, merge the heads, project out.
 
     Args:
-        embed_dim: model size of the queries and of the output; ``h * d``.
+        embed_dim: model size of the queries and of the output.
         num_heads: ``h``, query heads.
-        kdim: feature size of ``key`` (default ``embed_dim``).
-        vdim: feature size of ``value`` (default ``embed_dim``).
-        bias: give the four projections a bias.
-        dropout: probability of zeroing an attention weight, applied in training mode only.
+        head_dim: ``d``, the size of each head (default ``embed_dim // num_heads``,
+            which must then divide). Independent of ``embed_dim``, as in Hugging Face's
+            configs (Gemma 7B: 16 heads of 256 on a model size of 3072).
         num_kv_heads: ``h_kv``, key/value heads (default ``h``: plain multi-head attention;
             ``1``: multi-query attention; in between: grouped-query attention). Must divide
             ``num_heads``.
+        kdim: feature size of ``key`` (default ``embed_dim``).
+        vdim: feature size of ``value`` (default ``embed_dim``).
+        bias: give the four projections a bias.
+        dropout: probability of zeroing an attention weight, applied in training mode
+            only (passed to ``attention_fn`` as ``dropout_p``, which it must accept).
         batch_first: inputs and output are ``(b, L, features)`` (True, the default) or
             ``(L, b, features)`` (False), as in ``nn.MultiheadAttention``.
-        device, dtype: where and in which dtype to create the parameters.
-        rope: a :class:`attention.RotaryConfig` to rotate the queries and keys of each head
-            by their positions (RoPE, :func:`attention.apply_rope`) before the scores;
-            ``True`` means ``RotaryConfig()``; self-attention only, and the head size must
-            be even. (``rope_base=`` and ``rope_interleaved=`` are a deprecated spelling of
-            ``rope=RotaryConfig(base=..., interleaved=...)``.)
+        rope: a :class:`attention.RotaryConfig` to rotate the queries and keys of each
+            head by their positions (RoPE, :func:`attention.apply_rope`) before the
+            scores; self-attention only, and ``head_dim`` must be even. None: no RoPE.
         attention_fn: the attention kernel, any function on the package's contract
             ``f(q, k, v, *, attn_mask, is_causal, enable_gqa)`` with ``q`` ``(b, h, i, d)``,
-            ``k, v`` ``(b, h_kv, j, d)``, e.g. :func:`attention.tiled_attention` or
-            :func:`attention.attention_with_sinks` (bind its own options with
-            ``functools.partial``). Default None: PyTorch's fused
-            ``scaled_dot_product_attention`` (the package's reference when
-            ``need_weights=True``). A custom kernel returns no weights and takes no dropout.
+            ``k, v`` ``(b, h_kv, j, d)``, returning ``(b, h, i, d)``: e.g.
+            :func:`attention.tiled_attention` or :func:`attention.attention_with_sinks`
+            (bind its own options with ``functools.partial``). Default: PyTorch's fused
+            ``torch.nn.functional.scaled_dot_product_attention``, the fastest exact
+            kernel on every device, which never stores the ``(i, j)`` weights and equals
+            the package's reference :func:`attention.scaled_dot_product_attention` (pass
+            that to watch every step).
+        device, dtype: where and in which dtype to create the parameters.
 
-    Submodules (``nn.Linear``): ``w_query`` (embed_dim -> embed_dim), ``w_key``
-    (kdim -> h_kv*d), ``w_value`` (vdim -> h_kv*d), ``w_out`` (embed_dim -> embed_dim).
+    Submodules (``nn.Linear``): ``w_query`` (embed_dim -> h*d), ``w_key``
+    (kdim -> h_kv*d), ``w_value`` (vdim -> h_kv*d), ``w_out`` (h*d -> embed_dim).
 
     Example:
         >>> mha = MultiHeadAttention(16, 4, num_kv_heads=2)
@@ -174,73 +187,81 @@ class MultiHeadAttention(nn.Module):
         embed_dim: int,
         num_heads: int,
         *,
+        head_dim: int | None = None,
+        num_kv_heads: int | None = None,
         kdim: int | None = None,
         vdim: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
-        num_kv_heads: int | None = None,
         batch_first: bool = True,
+        rope: RotaryConfig | None = None,
+        attention_fn: Callable[..., Tensor] | None = None,
         device=None,
         dtype: torch.dtype | None = None,
-        rope: RotaryConfig | bool | None = None,
-        attention_fn: Callable[..., Tensor] | None = None,
-        rope_base: float | None = None,
-        rope_interleaved: bool | None = None,
     ) -> None:
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
         num_heads = check_int("num_heads", num_heads, minimum=1)
-        kdim = embed_dim if kdim is None else check_int("kdim", kdim, minimum=1)
-        vdim = embed_dim if vdim is None else check_int("vdim", vdim, minimum=1)
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(
+                    "embed_dim must be divisible by num_heads when head_dim is not "
+                    f"given, got {embed_dim} and {num_heads}"
+                )
+            head_dim = embed_dim // num_heads
+        head_dim = check_int("head_dim", head_dim, minimum=1)
         num_kv_heads = (
             num_heads
             if num_kv_heads is None
             else check_int("num_kv_heads", num_kv_heads, minimum=1)
         )
-        if embed_dim % num_heads:
-            raise ValueError(
-                f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}"
-            )
         if num_heads % num_kv_heads:
             raise ValueError(
                 "num_heads must be divisible by num_kv_heads (each key/value head serves a "
                 f"group of query heads), got {num_heads} and {num_kv_heads}"
             )
-        self.batch_first = check_bool("batch_first", batch_first)
+        kdim = embed_dim if kdim is None else check_int("kdim", kdim, minimum=1)
+        vdim = embed_dim if vdim is None else check_int("vdim", vdim, minimum=1)
         check_bool("bias", bias)
         dropout = check_probability("dropout", dropout, closed=True)
+        self.batch_first = check_bool("batch_first", batch_first)
+        self.rope = rope_config(rope, default=None)
+        if self.rope is not None:
+            if head_dim % 2:
+                raise ValueError(
+                    "rope rotates feature pairs, so head_dim must be even, got "
+                    f"{head_dim}"
+                )
+            check_scaling(self.rope.scaling, head_dim)
+        if attention_fn is None:
+            attention_fn = F.scaled_dot_product_attention
+        elif not callable(attention_fn):
+            raise TypeError(
+                "attention_fn must be callable or None, got "
+                f"{type(attention_fn).__name__}"
+            )
+        if dropout > 0 and not _takes_dropout(attention_fn):
+            raise ValueError(
+                f"dropout={dropout} is passed to attention_fn as dropout_p, which "
+                f"{getattr(attention_fn, '__name__', attention_fn)} does not take "
+                "(the kernel contract has no dropout); use dropout=0.0"
+            )
         device = check_device("device", device)
         dtype = None if dtype is None else check_dtype("dtype", dtype, floating=True)
-        self.rope = _rope_config(rope, rope_base, rope_interleaved)
-        if self.rope is not None:
-            if (embed_dim // num_heads) % 2:
-                raise ValueError(
-                    "rope rotates feature pairs, so the head size embed_dim // num_heads "
-                    f"must be even, got {embed_dim // num_heads}"
-                )
-            _check_scaling(self.rope.scaling, embed_dim // num_heads)
-        if attention_fn is not None:
-            if not callable(attention_fn):
-                raise TypeError(
-                    f"attention_fn must be callable or None, got {type(attention_fn).__name__}"
-                )
-            if dropout > 0:
-                raise ValueError(
-                    "a custom attention_fn takes no dropout (the kernel contract has none), "
-                    f"got dropout={dropout}; use dropout=0.0"
-                )
-        self.attention_fn = attention_fn
 
+        self.attention_fn = attention_fn
         self.embed_dim, self.kdim, self.vdim = embed_dim, kdim, vdim
-        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        )
         self.dropout = float(dropout)
-        kv_dim = num_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
-        self.w_query = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.w_key = nn.Linear(kdim, kv_dim, bias=bias, **factory)
-        self.w_value = nn.Linear(vdim, kv_dim, bias=bias, **factory)
-        self.w_out = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.w_query = nn.Linear(embed_dim, num_heads * head_dim, bias=bias, **factory)
+        self.w_key = nn.Linear(kdim, num_kv_heads * head_dim, bias=bias, **factory)
+        self.w_value = nn.Linear(vdim, num_kv_heads * head_dim, bias=bias, **factory)
+        self.w_out = nn.Linear(num_heads * head_dim, embed_dim, bias=bias, **factory)
 
     @property
     def num_groups(self) -> int:
@@ -248,27 +269,19 @@ class MultiHeadAttention(nn.Module):
         return self.num_heads // self.num_kv_heads
 
     def extra_repr(self) -> str:
+        kernel = self.attention_fn
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dropout={self.dropout}"
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"dropout={self.dropout}"
             + ("" if self.batch_first else ", batch_first=False")
             + (f", rope={self.rope}" if self.rope is not None else "")
             + (
                 ""
-                if self.attention_fn is None
-                else f", attention_fn={getattr(self.attention_fn, '__name__', self.attention_fn)}"
+                if kernel is F.scaled_dot_product_attention
+                else f", attention_fn={getattr(kernel, '__name__', kernel)}"
             )
         )
-
-    @property
-    def rope_base(self) -> float | None:
-        """``rope.base`` (None without RoPE); kept for the former spelling."""
-        return None if self.rope is None else self.rope.base
-
-    @property
-    def rope_interleaved(self) -> bool | None:
-        """``rope.interleaved`` (None without RoPE); kept for the former spelling."""
-        return None if self.rope is None else self.rope.interleaved
 
     def new_cache(
         self,
@@ -295,13 +308,14 @@ class MultiHeadAttention(nn.Module):
     def _validate(
         self, query, key, value, attn_mask, is_causal, need_weights, cache, positions
     ):
-        """Every check of :meth:`forward`, on batch-first inputs, before any projection."""
-        self._check_inputs(query, key, value)
+        """Every check of :meth:`forward` after :meth:`_check_inputs`, on batch-first
+        inputs, before any projection."""
         check_mask_or_causal(attn_mask, is_causal)
         check_bool("need_weights", need_weights)
-        if need_weights and self.attention_fn is not None:
+        if need_weights and self.attention_fn not in _SOFTMAX_KERNELS:
             raise ValueError(
-                "need_weights=True needs the reference kernel, which returns the weights; "
+                "need_weights=True returns the softmax weights of the reference, which "
+                "are the weights of this module's kernel only for softmax attention: "
                 "this module attends with a custom attention_fn"
             )
         b, i, j = query.shape[0], query.shape[1], key.shape[1]
@@ -315,12 +329,15 @@ class MultiHeadAttention(nn.Module):
             )
 
     def _check_inputs(self, query, key, value) -> None:
-        """Floating ``(b, L, features)`` inputs of the module's sizes, dtype and device."""
-        layout = (
-            "batch-first with shape (b, L, {})"
-            if self.batch_first
-            else "sequence-first with shape (L, b, {})"
-        )
+        """Floating 3-d inputs of the module's sizes, dtype, device, in its layout."""
+        if self.batch_first:
+            layout, batch_axis, length_axis = "batch-first with shape (b, L, {})", 0, 1
+        else:
+            layout, batch_axis, length_axis = (
+                "sequence-first with shape (L, b, {})",
+                1,
+                0,
+            )
         for name, t, size, size_name, layer in (
             ("query", query, self.embed_dim, "embed_dim", self.w_query),
             ("key", key, self.kdim, "kdim", self.w_key),
@@ -336,22 +353,24 @@ class MultiHeadAttention(nn.Module):
                     f"{name}'s last dimension must equal {size_name}={size}, got {t.shape[-1]}"
                 )
             check_like(name, t, "the module's parameters", layer.weight)
-        if not query.shape[0] == key.shape[0] == value.shape[0]:
+        sizes = [t.shape[batch_axis] for t in (query, key, value)]
+        if len(set(sizes)) > 1:
             raise ValueError(
                 "query, key and value must have the same batch size, got "
-                f"{query.shape[0]}, {key.shape[0]} and {value.shape[0]}"
+                f"{sizes[0]}, {sizes[1]} and {sizes[2]}"
             )
-        if key.shape[1] != value.shape[1]:
+        if key.shape[length_axis] != value.shape[length_axis]:
             raise ValueError(
                 "key and value must have the same number of positions j, "
-                f"got {key.shape[1]} and {value.shape[1]}"
+                f"got {key.shape[length_axis]} and {value.shape[length_axis]}"
             )
 
     def _check_positions(self, positions, query, b: int, i: int, j: int) -> None:
         """RoPE's positions: only with ``rope``, and for self-attention (``i = j``)."""
         if positions is not None and self.rope is None:
             raise ValueError(
-                "positions are used by rotary embeddings only: build the module with rope=RotaryConfig()"
+                "positions are used by rotary embeddings only: build the module with "
+                "rope=RotaryConfig()"
             )
         if self.rope is not None and i != j:
             raise ValueError(
@@ -365,7 +384,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(
                     f"positions must be (i,) or (b, i), got {tuple(positions.shape)}"
                 )
-            _check_positions(positions, (b, i), query, "query", "(b, i)")
+            check_positions(positions, (b, i), query, "query", "(b, i)")
 
     def _check_cache(
         self, cache, key, value, is_causal, b: int, i: int, j: int
@@ -399,6 +418,21 @@ class MultiHeadAttention(nn.Module):
             requires_grad=grad,
         )
 
+    def _check_context(self, context, q: Tensor) -> None:
+        """What ``attention_fn`` returned: one ``(b, h, i, d)`` tensor."""
+        name = getattr(self.attention_fn, "__name__", "attention_fn")
+        if not isinstance(context, Tensor):
+            raise TypeError(
+                f"attention_fn ({name}) must return one tensor (b, h, i, d), got "
+                f"{type(context).__name__} (a kernel asked for extra outputs, such as "
+                "return_lse=True, returns a tuple: leave them off)"
+            )
+        if context.shape != q.shape:
+            raise ValueError(
+                f"attention_fn ({name}) must return the shape (b, h, i, d) = "
+                f"{tuple(q.shape)} of the queries, got {tuple(context.shape)}"
+            )
+
     def forward(
         self,
         query: Tensor,
@@ -424,10 +458,10 @@ class MultiHeadAttention(nn.Module):
                 (query ``q`` sees keys ``k <= q``). With a cache the ``i`` queries are the
                 newest positions and see every cached key plus the new keys up to
                 themselves (bottom-right alignment, :meth:`KVCache.causal_pattern`).
-            need_weights: return the per-head weights too. ``False`` runs the fused
-                ``torch.nn.functional.scaled_dot_product_attention``; ``True`` the
-                package's materialising :func:`attention.scaled_dot_product_attention`
-                core (same result).
+            need_weights: also return the per-head weights, computed by
+                :func:`attention.attention_weights` from the same queries, keys and mask
+                (the output still comes from ``attention_fn``). Only with a softmax
+                kernel (the default, or the package's reference).
             cache: a :class:`attention.KVCache` (see :meth:`new_cache`). The new keys and
                 values are projected, appended to it, and the queries attend to all of
                 its positions. Prefill with the prompt, then call with one token at a time,
@@ -439,67 +473,47 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             ``(output, weights)``: output ``(b, i, embed_dim)`` (``(i, b, embed_dim)`` with
-            ``batch_first=False``); weights ``(b, h, i, j)``
-            before dropout (rows sum to 1) if ``need_weights`` else ``None``.
-            ``weights.mean(1)`` is what ``nn.MultiheadAttention`` returns by default.
+            ``batch_first=False``); weights ``(b, h, i, j)`` before dropout (rows sum to
+            1) if ``need_weights`` else ``None``. ``weights.mean(1)`` is what
+            ``nn.MultiheadAttention`` returns by default.
         """
+        self._check_inputs(query, key, value)
         if not self.batch_first:  # (L, b, features) -> (b, L, features)
-            query, key, value = (
-                t.transpose(0, 1) if isinstance(t, Tensor) else t
-                for t in (query, key, value)
-            )
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         self._validate(
             query, key, value, attn_mask, is_causal, need_weights, cache, positions
         )
         q = _split_heads(self.w_query(query), self.num_heads)  # (b, h, i, d)
         k = _split_heads(self.w_key(key), self.num_kv_heads)  # (b, h_kv, j, d)
         v = _split_heads(self.w_value(value), self.num_kv_heads)  # (b, h_kv, j, d)
-        if (
-            self.rope is not None
-        ):  # rotate queries and keys by their positions, before any score
+        if self.rope is not None:  # rotate queries and keys by their positions
             if positions is None:
                 start = 0 if cache is None else cache.length
-                positions = torch.arange(
-                    start, start + q.shape[2], device=q.device
-                )  # (i,)
+                positions = torch.arange(start, start + q.shape[2], device=q.device)
             elif positions.dim() == 2:
                 positions = positions[:, None, :]  # (b, 1, i): the same for every head
             options = (
                 self.rope.base,
                 self.rope.interleaved,
-                _check_scaling(self.rope.scaling, self.head_dim),
+                check_scaling(self.rope.scaling, self.head_dim),
             )
-            q = _apply_rope(q, positions, *options)
-            k = _apply_rope(k, positions, *options)
+            q = rope_rotate(q, positions, *options)
+            k = rope_rotate(k, positions, *options)
         if cache is not None:
             k, v = cache.update(k, v)  # (b, h_kv, cached + j, d)
             if is_causal:
                 attn_mask, is_causal = cache.causal_pattern(q.shape[2])
-        dropout_p = self.dropout if self.training else 0.0
-        gqa = self.num_groups > 1
-        if self.attention_fn is not None:
-            weights = None
-            context = self.attention_fn(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa
-            )
-        elif need_weights:
-            context, weights = _attention(
-                q, k, v, attn_mask, is_causal, None, gqa, dropout_p
-            )
-        else:
-            weights = None
-            context = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=attn_mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                enable_gqa=gqa,
-            )  # (b, h, i, d)
-        out = self.w_out(
-            _merge_heads(context)
-        )  # (b, i, embed_dim): the heads concatenated
+        options = {"attn_mask": attn_mask, "is_causal": is_causal}
+        options["enable_gqa"] = self.num_groups > 1
+        if self.training and self.dropout > 0:
+            options["dropout_p"] = self.dropout
+        context = self.attention_fn(q, k, v, **options)  # (b, h, i, d)
+        self._check_context(context, q)
+        weights = None
+        if need_weights:
+            options.pop("dropout_p", None)
+            weights = attention_weights(q, k, **options)  # (b, h, i, j)
+        out = self.w_out(_merge_heads(context))  # (b, i, embed_dim): heads concatenated
         return (out if self.batch_first else out.transpose(0, 1)), weights
 
     @classmethod

@@ -39,13 +39,13 @@ from torch import Tensor
 from .._checks import check_bool, check_device, check_int, check_tensor
 from .._rope import (  # noqa: F401  (kept importable here)
     RotaryConfig,
-    _apply_rope,
-    _check_base,
-    _check_dtype,
-    _check_feature_size,
-    _check_positions,
-    _check_scaling,
-    _inv_freq,
+    check_base,
+    check_feature_size,
+    check_float_dtype,
+    check_positions,
+    check_scaling,
+    inv_freq,
+    rope_rotate,
     rotate,
 )
 
@@ -106,11 +106,11 @@ def sinusoidal_positions(
         (0.8415, 0.01)
     """
     n = check_int("n", n, minimum=0)
-    d = _check_feature_size(d)
-    base = _check_base(base)
-    dtype = _check_dtype(dtype)
+    d = check_feature_size(d)
+    base = check_base(base)
+    dtype = check_float_dtype(dtype)
     device = check_device("device", device)
-    angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * _inv_freq(
+    angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * inv_freq(
         d, base, None, device
     )  # (n, d/2)
     return (
@@ -150,10 +150,10 @@ def rope_frequencies(
         >>> rope_frequencies(4, scaling={"type": "linear", "factor": 2.0}).tolist()
         [0.5, 0.005]
     """
-    d = _check_feature_size(d)
-    base = _check_base(base)
-    scaling = _check_scaling(scaling, d)
-    return _inv_freq(d, base, scaling)
+    d = check_feature_size(d)
+    base = check_base(base)
+    scaling = check_scaling(scaling, d)
+    return inv_freq(d, base, scaling)
 
 
 def apply_rope(
@@ -259,7 +259,7 @@ def alibi_bias(
             f"the i queries are the last i of the j key positions, so i <= j is needed, "
             f"got i={i} and j={j}"
         )
-    dtype = _check_dtype(dtype)
+    dtype = check_float_dtype(dtype)
     device = check_device("device", device)
     q = torch.arange(j - i, j, device=device)[:, None]  # (i, 1)
     k = torch.arange(j, device=device)[None, :]  # (1, j)

@@ -39,7 +39,7 @@ from .._checks import (
     check_scale,
     check_sizes,
 )
-from .._core import default_scale
+from .._core import attention_scores
 from ._scoring import (
     additive_hidden_core,
     check_feature_sizes,
@@ -48,9 +48,15 @@ from ._scoring import (
     check_param,
 )
 
-# The score functions and activations are imported from this module
-# (``from attention.layers.scoring import dot_scores``); the facade exports the modules.
-__all__ = ["GeneralScore", "AdditiveScore"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "GeneralScore",
+    "AdditiveScore",
+    "dot_scores",
+    "scaled_dot_scores",
+    "cosine_scores",
+]
 
 #: Activations a score may use, by name. ``None`` means the identity.
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -129,8 +135,8 @@ def scaled_dot_scores(
         [[2.0]]
     """
     check_pair(query, key, same_size=True)
-    scale = default_scale(check_scale(scale), query.shape[-1])
-    return (query @ key.transpose(-2, -1)) * scale  # (..., i, j)
+    scores, _ = attention_scores(query, key, scale=check_scale(scale))
+    return scores  # (..., i, j)
 
 
 def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_sizes
-from ._single_head import _attend, _check_features, _check_options
+from ..foundations.scaled_dot_product import attention_weights
+from ._single_head import check_features, check_options
 
 __all__ = ["SelfAttention"]
 
@@ -30,8 +31,8 @@ class SelfAttention(nn.Module):
     :math:`Q = X W_Q^\top`, :math:`K = X W_K^\top`, :math:`V = X W_V^\top`.
 
     The module owns only the three projections; the attention itself is the package's
-    functional :func:`~attention.scaled_dot_product_attention`, whose weights it returns
-    when asked.
+    functional :func:`~attention.attention_weights` (the weights of
+    :func:`~attention.scaled_dot_product_attention`) times the values.
 
     Args:
         d_in: features of each input token.
@@ -91,12 +92,15 @@ class SelfAttention(nn.Module):
             ``(output, weights)``: output ``(..., i, d_out_v)``; weights ``(..., i, i)``
             (rows = queries) with ``need_weights=True``, else ``None``.
         """
-        _check_features("x", x, self.d_in, "d_in", self.w_query)
-        _check_options(x, x, attn_mask, is_causal, need_weights)
+        check_features("x", x, self.d_in, "d_in", self.w_query)
+        check_options(x, x, attn_mask, is_causal, need_weights)
         query = self.w_query(x)  # (..., i, d)
         key = self.w_key(x)  # (..., i, d)
         value = self.w_value(x)  # (..., i, e)
-        return _attend(query, key, value, attn_mask, is_causal, need_weights)
+        weights = attention_weights(
+            query, key, attn_mask=attn_mask, is_causal=is_causal
+        )  # (..., i, i): softmax(q·kᵀ/√d) with the mask
+        return weights @ value, (weights if need_weights else None)  # (..., i, e)
 
     def extra_repr(self) -> str:
         return f"d_in={self.d_in}, d_out_kq={self.d_out_kq}, d_out_v={self.d_out_v}"

@@ -21,7 +21,16 @@ from torch import Tensor
 from .._checks import check_int, check_size, check_tensor
 from ..foundations.softmax import entropy
 
-__all__ = ["mean_attention_entropy", "attention_share", "sink_share", "head_diversity"]
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "mean_attention_entropy",
+    "attention_share",
+    "sink_share",
+    "head_diversity",
+    "top_heads",
+    "head_distances",
+]
 
 
 def _positions(name: str, positions, size: int) -> list[int]:

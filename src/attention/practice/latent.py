@@ -47,7 +47,7 @@ from .._checks import (
     check_sizes,
     check_tensor,
 )
-from .._rope import _apply_rope, _check_positions, _check_scaling, rope_config
+from .._rope import check_positions, check_scaling, rope_config, rope_rotate
 from ..foundations.masks import decoding_mask
 from ..layers.positional import RotaryConfig
 
@@ -198,9 +198,7 @@ class MultiHeadLatentAttention(nn.Module):
         q_lora_rank: rank of the query's compression (None: a full query projection);
             ``<= embed_dim`` and ``<= h * (p + q)``.
         rope: the decoupled RoPE's options, a :class:`attention.RotaryConfig` (default
-            ``RotaryConfig()``; DeepSeek's layout is ``interleaved=True``). ``rope_base=``
-            and ``rope_interleaved=`` are a deprecated spelling of
-            ``rope=RotaryConfig(base=..., interleaved=...)``.
+            ``RotaryConfig()``; DeepSeek's layout is ``interleaved=True``).
         norm_eps: epsilon of the two RMSNorms.
         device, dtype: where and in which dtype to create the parameters.
 
@@ -234,8 +232,6 @@ class MultiHeadLatentAttention(nn.Module):
         norm_eps: float = 1e-6,
         device=None,
         dtype: torch.dtype | None = None,
-        rope_base: float | None = None,
-        rope_interleaved: bool | None = None,
     ) -> None:
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -262,13 +258,8 @@ class MultiHeadLatentAttention(nn.Module):
                     f"qk_rope_head_dim), got {q_lora_rank} with embed_dim={embed_dim} and "
                     f"{h} * ({p} + {q}) = {h * (p + q)}"
                 )
-        self.rope = rope_config(
-            rope,
-            "MultiHeadLatentAttention",
-            rope_base=("base", rope_base),
-            rope_interleaved=("interleaved", rope_interleaved),
-        )
-        _check_scaling(self.rope.scaling, q)
+        self.rope = rope_config(rope, default=RotaryConfig())
+        check_scaling(self.rope.scaling, q)
         if not check_real("norm_eps", norm_eps) >= 0:
             raise ValueError(f"norm_eps must be >= 0, got {norm_eps}")
 
@@ -300,24 +291,9 @@ class MultiHeadLatentAttention(nn.Module):
             "qk_nope_head_dim",
             "qk_rope_head_dim",
             "v_head_dim",
-            "rope_interleaved",
         )
-        extra = (
-            ""
-            if self.rope == RotaryConfig(interleaved=self.rope.interleaved)
-            else f", rope={self.rope}"
-        )
+        extra = "" if self.rope == RotaryConfig() else f", rope={self.rope}"
         return ", ".join(f"{k}={getattr(self, k)}" for k in names) + extra
-
-    @property
-    def rope_base(self) -> float:
-        """``rope.base``; kept for the former spelling."""
-        return self.rope.base
-
-    @property
-    def rope_interleaved(self) -> bool:
-        """``rope.interleaved``; kept for the former spelling."""
-        return self.rope.interleaved
 
     def new_cache(
         self,
@@ -367,7 +343,7 @@ class MultiHeadLatentAttention(nn.Module):
                     f"positions must have shape (n,) = ({n},) or (b, n) = ({b}, {n}), got "
                     f"{tuple(positions.shape)}"
                 )
-            _check_positions(positions, (b, n), x, "x", "(b, n)")
+            check_positions(positions, (b, n), x, "x", "(b, n)")
         if cache is None:
             return
         if not isinstance(cache, LatentKVCache):
@@ -436,7 +412,7 @@ class MultiHeadLatentAttention(nn.Module):
         rope = (
             self.rope.base,
             self.rope.interleaved,
-            _check_scaling(self.rope.scaling, q),
+            check_scaling(self.rope.scaling, q),
         )
         head_pos = (
             positions if positions.dim() == 1 else positions[:, None]
@@ -448,11 +424,11 @@ class MultiHeadLatentAttention(nn.Module):
             query = self.w_query_up(self.query_norm(self.w_query_down(x)))
         query = query.view(b, n, h, p + q).transpose(1, 2)  # (b, h, n, p+q)
         q_nope, q_rope = query.split([p, q], dim=-1)  # (b, h, n, p), (b, h, n, q)
-        q_rope = _apply_rope(q_rope, head_pos, *rope)
+        q_rope = rope_rotate(q_rope, head_pos, *rope)
 
         latent, k_rope = self.w_kv_down(x).split([r, q], dim=-1)  # (b, n, r), (b, n, q)
         latent = self.kv_norm(latent)
-        k_rope = _apply_rope(k_rope, positions, *rope)  # (b, n, q)
+        k_rope = rope_rotate(k_rope, positions, *rope)  # (b, n, q)
         if cache is not None:
             latent, k_rope = cache.update(latent, k_rope)  # (b, j, r), (b, j, q)
         j = latent.shape[1]

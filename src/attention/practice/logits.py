@@ -27,9 +27,15 @@ import torch
 from torch import Tensor
 
 from .._checks import check_positive, check_real, check_tensor, validate_attention
-from .._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
+from .._core import attention_scores, expand_kv_heads, masked_softmax
 
-__all__ = ["soft_cap", "qk_norm"]
+# The facade re-exports the library names (the first 2); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "soft_cap",
+    "qk_norm",
+    "softcap_attention",
+]
 
 
 def soft_cap(scores: Tensor, cap: float) -> Tensor:
@@ -146,12 +152,11 @@ def softcap_attention(
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if cap is not None:
         cap = check_positive("cap", cap)
-    if enable_gqa:
-        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
-        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
-    scores = (query @ key.transpose(-2, -1)) * default_scale(scale, query.shape[-1])
+    scores, attn_mask = attention_scores(
+        query, key, attn_mask, is_causal, scale, enable_gqa
+    )  # (..., h, i, j)
     if cap is not None:
-        scores = cap * torch.tanh(scores / cap)  # (..., h, i, j)
-    if is_causal:
-        attn_mask = top_left_causal(query.shape[-2], key.shape[-2], device=query.device)
+        scores = cap * torch.tanh(scores / cap)  # the score_mod: a soft cap
+    if enable_gqa:
+        value = expand_kv_heads(value, query.shape[-3])  # (..., h, j, e)
     return masked_softmax(scores, attn_mask) @ value  # (..., h, i, e)

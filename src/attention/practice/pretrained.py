@@ -39,11 +39,14 @@ from .._checks import (
 from ..foundations.scaled_dot_product import attention_weights
 from ..layers.multihead import MultiHeadAttention, split_heads
 
+# The facade re-exports the library names (the first 4); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "load_minilm",
     "trace_attention",
     "minilm_attention_weights",
     "minilm_attention_layer",
+    "token_position",
 ]
 
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"

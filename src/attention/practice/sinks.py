@@ -35,9 +35,16 @@ from .._checks import (
     validate_attention,
     validate_weights,
 )
-from .._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
+from .._core import attention_scores, expand_kv_heads, masked_softmax
 
-__all__ = ["attention_with_sinks", "sink_attention_weights", "StreamingKVCache"]
+# The facade re-exports the library names (the first 3); the teaching
+# helpers after them are imported from this module's path by the chapters.
+__all__ = [
+    "attention_with_sinks",
+    "sink_attention_weights",
+    "StreamingKVCache",
+    "streaming_mask",
+]
 
 
 # ------------------------------------------------------------------ learned sinks
@@ -61,12 +68,9 @@ def _check_sinks(sinks, query: Tensor) -> None:
 
 def _sink_weights(query, key, sinks, attn_mask, is_causal, scale, enable_gqa) -> Tensor:
     """Unchecked core: ``(..., h, i, j)`` weights of the real keys (the sink's share dropped)."""
-    if enable_gqa:
-        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
-    scores = (query @ key.transpose(-2, -1)) * default_scale(scale, query.shape[-1])
-    i, j = scores.shape[-2:]
-    if is_causal:
-        attn_mask = top_left_causal(i, j, device=query.device)
+    scores, attn_mask = attention_scores(
+        query, key, attn_mask, is_causal, scale, enable_gqa
+    )  # (..., h, i, j)
     sink = sinks.to(scores.dtype)[:, None, None].expand(
         *scores.shape[:-1], 1
     )  # (..., h, i, 1)

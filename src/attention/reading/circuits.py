@@ -49,9 +49,11 @@ from .._checks import (
     check_same_dtype,
     check_tensor,
 )
-from .._core import masked_softmax, top_left_causal
+from .._core import attention_scores, masked_softmax
 from ..layers.multihead import MultiHeadAttention, split_heads
 
+# The facade re-exports the library names (the first 7); the teaching
+# helpers after them are imported from this module's path by the chapters.
 __all__ = [
     "qk_circuit",
     "ov_circuit",
@@ -60,6 +62,8 @@ __all__ = [
     "induction_score",
     "prefix_matching_score",
     "AttentionOnlyTransformer",
+    "composition_score",
+    "duplicate_token_score",
 ]
 
 
@@ -636,15 +640,13 @@ class AttentionOnlyTransformer(nn.Module):
         b, n = tokens.shape
         h, d = self.num_heads, self.head_dim
         x = self.embed(tokens) + self.pos_embed.weight[:n]  # (b, n, D)
-        causal = top_left_causal(n, n, device=tokens.device)
         residuals, maps, contributions = [x], [], []
         for index, layer in enumerate(self.layers):
             q = split_heads(layer.w_query(x), h)  # (b, h, n, d)
             k = split_heads(layer.w_key(x), h)  # (b, h, n, d)
             v = split_heads(layer.w_value(x), h)  # (b, h, n, d)
-            weights = masked_softmax(
-                (q @ k.transpose(-2, -1)) * d**-0.5, causal
-            )  # (b, h, n, n)
+            scores, causal = attention_scores(q, k, is_causal=True)  # (b, h, n, n)
+            weights = masked_softmax(scores, causal)  # (b, h, n, n)
             if weights_hook is not None:
                 replaced = weights_hook(index, weights)
                 if replaced is not None:

@@ -42,7 +42,7 @@ from .._checks import (
     validate_attention,
     validate_weights,
 )
-from .._core import default_scale, expand_kv_heads, masked_softmax, top_left_causal
+from .._core import add_mask, attention_scores, expand_kv_heads, masked_softmax
 
 __all__ = [
     "sparsemax",
@@ -215,22 +215,16 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
 def _sigmoid_weights(
     query, key, attn_mask, is_causal, scale, bias, enable_gqa
 ) -> Tensor:
-    if enable_gqa:
-        key = expand_kv_heads(key, query.shape[-3])  # (..., h, j, d)
-    scores = (query @ key.transpose(-2, -1)) * default_scale(scale, query.shape[-1])
-    i, j = scores.shape[-2:]
+    scores, attn_mask = attention_scores(
+        query, key, attn_mask, is_causal, scale, enable_gqa
+    )  # (..., h, i, j)
+    j = scores.shape[-1]
     if bias is None:
         bias = -math.log(j) if j > 0 else 0.0
     scores = scores + bias  # (..., h, i, j)
-    if is_causal:
-        attn_mask = top_left_causal(i, j, device=query.device)
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        scores = scores + attn_mask.to(scores.dtype)
-        attn_mask = None
-    weights = torch.sigmoid(scores)
-    if attn_mask is not None:
-        weights = weights.masked_fill(~attn_mask, 0.0)  # exact zeros, even for NaN
-    return weights
+    if attn_mask is not None:  # added, as torch adds a mask: sigmoid(-inf) = 0 exactly,
+        scores = add_mask(scores, attn_mask)  # and a masked NaN or +inf score stays NaN
+    return torch.sigmoid(scores)
 
 
 def sigmoid_attention(
@@ -260,8 +254,9 @@ def sigmoid_attention(
         key: ``(..., h_kv, j, d)``.
         value: ``(..., h_kv, j, e)``.
         attn_mask: boolean (**True = may attend**; blocked keys get weight exactly 0) or
-            float (added to the scores before the sigmoid), broadcastable to
-            ``(..., h, i, j)``.
+            float, broadcastable to ``(..., h, i, j)``; added to the scores before the
+            sigmoid (a boolean one as 0 or -inf), so a NaN or ``+inf`` score against a
+            blocked key still makes its row NaN, as in the dense reference.
         is_causal: top-left causal mask; not together with ``attn_mask``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         bias: added to every score; ``None`` means :math:`-\log j`.
@@ -323,12 +318,10 @@ def _check_lambda(lam, query: Tensor) -> Tensor | float:
 
 
 def _differential_weights(query1, query2, key1, key2, lam, attn_mask, is_causal, scale):
-    i, j = query1.shape[-2], key1.shape[-2]
-    if is_causal:
-        attn_mask = top_left_causal(i, j, device=query1.device)
-    s = default_scale(scale, query1.shape[-1])
-    first = masked_softmax((query1 @ key1.transpose(-2, -1)) * s, attn_mask)
-    second = masked_softmax((query2 @ key2.transpose(-2, -1)) * s, attn_mask)
+    first = masked_softmax(*attention_scores(query1, key1, attn_mask, is_causal, scale))
+    second = masked_softmax(
+        *attention_scores(query2, key2, attn_mask, is_causal, scale)
+    )
     return first - lam * second  # (..., h, i, j)
 
 
@@ -574,9 +567,9 @@ class RefinedSelfAttention(nn.Module):
                 f"the sequence length n must be between 1 and max_len = "
                 f"{self.max_len}, got {n}"
             )
-        causal = top_left_causal(n, n, device=x.device)
         q, k, v = self.w_query(x), self.w_key(x), self.w_value(x)  # (b, n, d)
-        a = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), causal)
+        scores, causal = attention_scores(q, k, is_causal=True)  # (b, n, n)
+        a = masked_softmax(scores, causal)
         if self.mechanism == "none":
             return a @ v, a
         rows = (
@@ -593,9 +586,7 @@ class RefinedSelfAttention(nn.Module):
             )  # W2² of diagonal Gaussians
             r = masked_softmax(-distance, causal)
         else:
-            r = masked_softmax(
-                first @ second.transpose(-2, -1) / math.sqrt(first.shape[-1]), causal
-            )
+            r = masked_softmax(*attention_scores(first, second, causal))
         refined = r @ a  # (b, n, n)
         if self.mechanism == "additive":
             refined = (a + refined) / 2
