@@ -1,9 +1,11 @@
-"""Decode time per token with and without a KV cache, for multi-head and latent attention (chapter 18).
+"""Decode time per token with and without a KV cache, for multi-head and latent
+attention (chapter 18).
 
-Setting: one attention layer, batch 1, embed 512, 8 heads, fp32, ``torch.inference_mode()``,
-under the protocol of ``_common`` (one thread, passive OpenMP waiting, contenders
-interleaved, 15 repeats after warm-up, median and quartiles saved). For each context length ``L`` the task is the same: produce the
-layer's output for token ``L + 1`` given the ``L`` tokens before it.
+Setting: one attention layer, batch 1, embed 512, 8 heads, fp32,
+``torch.inference_mode()``, under the protocol of ``_common`` (one thread, passive
+OpenMP waiting, contenders interleaved, 15 repeats after warm-up, median and quartiles
+saved). For each context length ``L`` the task is the same: produce the layer's output
+for token ``L + 1`` given the ``L`` tokens before it.
 
 Contenders, timed round-robin in one run (medians after warm-up):
 
@@ -24,59 +26,63 @@ bytes per token (fp32, this one layer) are saved beside the times. Prints ratios
 saves ``src/attention/benchmark_results/decode.json``.
 
 Two clocks, read around the same calls in one interleaved loop: wall time
-(``time.perf_counter``, what ``_common.interleaved_times`` reports) and the thread's CPU
-time (``time.thread_time``). With one intra-op thread every operation runs on the calling
-thread, so the CPU time is the work done; on a machine shared with other jobs the wall
-time also counts the time spent waiting for a core, which inflates the longer calls more
-than the shorter ones. The ratios are computed from the CPU time; both are saved.
+(``time.perf_counter``) and the thread's CPU time (``time.thread_time``). With one
+intra-op thread every operation runs on the calling thread, so the CPU time is the work
+done; on a machine shared with other jobs the wall time also counts the time spent
+waiting for a core, which inflates the longer calls more than the shorter ones. The
+ratios are computed from the CPU time; both are saved.
 
-Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]), ``cache_bytes_per_token``,
-``contexts``, ``clock``, ``median_cpu_s``, ``median_wall_s``, ``ratios``, as before; added:
-``median_cpu_s_q1``, ``median_cpu_s_q3``, ``median_wall_s_q1``, ``median_wall_s_q3`` (interquartile ranges, the layout
-of the medians), ``ratios_separated`` (per context and ratio: the two contenders'
-CPU-time interquartile ranges do not overlap), ``quiet`` (see ``_common``).
+Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]),
+``cache_bytes_per_token``, ``contexts``, ``clock``, ``median_cpu_s``, ``median_wall_s``,
+``ratios``, as before; added: ``median_cpu_s_q1``, ``median_cpu_s_q3``,
+``median_wall_s_q1``, ``median_wall_s_q3`` (interquartile ranges, the layout of the
+medians), ``ratios_separated`` (per context and ratio: the two contenders' CPU-time
+interquartile ranges do not overlap), ``quiet`` (see ``_common``).
 
 Run: ``.venv/bin/python benchmarks/decode.py`` (about a minute on a quiet machine).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from _common import OMP_POLICY, set_omp_wait_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
+import torch
+from _common import (
+    THREADS,
+    agree,
+    begin,
+    by_point,
+    finish,
+    protocol_config,
+    ratio,
+    separated_at,
+    sweep,
+)
 
-import torch  # noqa: E402
-from _common import THREADS, begin, finish, interleaved_clocks, quartiles, separated  # noqa: E402
+from attention import MultiHeadAttention, MultiHeadLatentAttention
 
-from attention import MultiHeadAttention, MultiHeadLatentAttention  # noqa: E402
-
+ORDER = 90  # place in run_all.py's session
 EMBED, HEADS = 512, 8
 MLA_DIMS = dict(
     kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64
 )
-CONTEXTS = [128, 256, 512, 1024, 2048]
+CONTEXTS, QUICK_CONTEXTS = [128, 256, 512, 1024, 2048], [32, 64]
 WARMUP, REPEAT = 1, 15
+RATIOS = {  # name: (numerator, denominator), on the thread's CPU time
+    "mha_no_cache / mha_cache": ("mha_no_cache", "mha_cache"),
+    "mla_no_cache / mla_absorbed": ("mla_no_cache", "mla_absorbed"),
+    "mla_materialised / mla_absorbed": ("mla_materialised", "mla_absorbed"),
+    "mla_absorbed / mha_cache": ("mla_absorbed", "mha_cache"),
+}
 
 
-def quartile_clocks(fns: dict, *, warmup: int, repeat: int) -> tuple[dict, dict]:
-    """Wall and thread-CPU quartiles (``_common.quartiles``) of each contender, run round-robin."""
-    wall, cpu = interleaved_clocks(fns, warmup=warmup, repeat=repeat)
-    return (
-        {n: quartiles(t) for n, t in wall.items()},
-        {n: quartiles(t) for n, t in cpu.items()},
-    )
-
-
-def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttention, x):
-    """Zero-argument callables for one context length; each returns the new token's output."""
-    prefix, new = (
-        x[:, : length + 1],
-        x[:, length : length + 1],
-    )  # (1, L+1, E), (1, 1, E)
+def contenders(length: int, mha, mla, x) -> dict:
+    """Zero-argument callables for one context length; each returns the new token's
+    output."""
+    prefix = x[:, : length + 1]  # (1, L + 1, E)
+    new = x[:, length : length + 1]  # (1, 1, E)
     kv = mha.new_cache(1, length + 1)
     latent = mla.new_cache(1, length + 1)
     with torch.inference_mode():
@@ -84,9 +90,7 @@ def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttenti
         mla(x[:, :length], cache=latent)
 
     def mha_cache():
-        kv.length = (
-            length  # drop the previous step's token: every call decodes token L + 1
-        )
+        kv.length = length  # drop the previous step's token: every call decodes L + 1
         return mha(new, new, new, is_causal=True, cache=kv)[0]
 
     def mla_step(absorb):
@@ -107,108 +111,55 @@ def contenders(length: int, mha: MultiHeadAttention, mla: MultiHeadLatentAttenti
 
 def main() -> None:
     run = begin("decode")
-    contexts = [128, 256] if run.quick else CONTEXTS
-    repeat = 3 if run.quick else REPEAT
     torch.set_num_threads(THREADS)
+    contexts = QUICK_CONTEXTS if run.quick else CONTEXTS
+    repeat = run.repeat if run.quick else REPEAT
     torch.manual_seed(0)
     mha = MultiHeadAttention(EMBED, HEADS).eval()
     mla = MultiHeadLatentAttention(EMBED, HEADS, **MLA_DIMS).eval()
     x = torch.randn(1, max(contexts) + 1, EMBED)
-    bytes_per_token = {
+    checks = [
+        agree("mha_no_cache", "mha_cache", atol=1e-4),
+        agree("mla_no_cache", "mla_materialised", "mla_absorbed", atol=1e-4),
+    ]
+    result = sweep(
+        run,
+        contexts,
+        lambda n: contenders(n, mha, mla, x),
+        check=checks,
+        warmup=WARMUP,
+        repeat=repeat,
+        clocks="wall+cpu",
+        label="L",
+    )
+    ratios = {k: ratio(result, a, b, key="cpu_s") for k, (a, b) in RATIOS.items()}
+    resolved = {k: separated_at(result, a, b, "cpu_s") for k, (a, b) in RATIOS.items()}
+    setting = protocol_config(
+        run,
+        batch=1,
+        embed_dim=EMBED,
+        num_heads=HEADS,
+        mha_head_dim=EMBED // HEADS,
+        mla=MLA_DIMS,
+        dtype="float32",
+        mode="one decode step, forward, inference_mode",
+        warmup=WARMUP + 1,
+        repeat=repeat,
+    )
+    clock = "ratios and median_cpu_s: time.thread_time of the one compute thread"
+    data = {"setting": setting, "load_average": None}  # load: filled by finish
+    data["cache_bytes_per_token"] = {
         "mha": mha.new_cache(1, 1).nbytes,  # keys and values of 8 heads of 64, fp32
         "mla": mla.new_cache(1, 1).nbytes,  # latent 128 + rotary key 32, fp32
     }
-    results, wall_results, cpu_stats, wall_stats = {}, {}, {}, {}
-    for length in contexts:
-        fns = contenders(length, mha, mla, x)
-        with torch.inference_mode():
-            outs = {name: fn() for name, fn in fns.items()}
-        for family in ("mha", "mla"):
-            ref = outs[f"{family}_no_cache"]
-            for name, out in outs.items():
-                if name.startswith(family):
-                    diff = float((out - ref).abs().max())
-                    assert diff < 1e-4, (
-                        f"L={length}: {name} differs from no-cache by {diff}"
-                    )
-        wall, cpu = quartile_clocks(fns, warmup=WARMUP, repeat=repeat)
-        cpu_stats[length], wall_stats[length] = cpu, wall
-        times = {name: st["median"] for name, st in cpu.items()}
-        results[length], wall_results[length] = (
-            times,
-            {name: st["median"] for name, st in wall.items()},
-        )
-        print(
-            f"L={length:5d} cpu "
-            + "  ".join(f"{k} {1e3 * t:8.2f} ms" for k, t in times.items()),
-            flush=True,
-        )
-
-    ratios = {
-        length: {
-            "mha_no_cache / mha_cache": t["mha_no_cache"] / t["mha_cache"],
-            "mla_no_cache / mla_absorbed": t["mla_no_cache"] / t["mla_absorbed"],
-            "mla_materialised / mla_absorbed": t["mla_materialised"]
-            / t["mla_absorbed"],
-            "mla_absorbed / mha_cache": t["mla_absorbed"] / t["mha_cache"],
-        }
-        for length, t in results.items()
-    }
-    pairs = {
-        "mha_no_cache / mha_cache": ("mha_no_cache", "mha_cache"),
-        "mla_no_cache / mla_absorbed": ("mla_no_cache", "mla_absorbed"),
-        "mla_materialised / mla_absorbed": ("mla_materialised", "mla_absorbed"),
-        "mla_absorbed / mha_cache": ("mla_absorbed", "mha_cache"),
-    }
-    resolved = {
-        str(length): {k: separated(st[a], st[b]) for k, (a, b) in pairs.items()}
-        for length, st in cpu_stats.items()
-    }
-    for length, r in ratios.items():
-        print(f"L={length:5d}  " + "  ".join(f"{k}: {v:.2f}" for k, v in r.items()))
-    finish(
-        run,
-        {
-            "setting": {
-                "batch": 1,
-                "embed_dim": EMBED,
-                "num_heads": HEADS,
-                "mha_head_dim": EMBED // HEADS,
-                "mla": MLA_DIMS,
-                "dtype": "float32",
-                "mode": "one decode step, forward, inference_mode",
-                "warmup": WARMUP + 1,
-                "repeat": repeat,
-                "threads": THREADS,
-                "omp_wait_policy": OMP_WAIT_POLICY,
-            },
-            "load_average": None,  # filled by finish: [before, after]
-            "cache_bytes_per_token": bytes_per_token,
-            "contexts": contexts,
-            "clock": "ratios and median_cpu_s: time.thread_time of the one compute thread",
-            "median_cpu_s": {str(k): v for k, v in results.items()},
-            "median_cpu_s_q1": {
-                str(k): {n: st["q1"] for n, st in v.items()}
-                for k, v in cpu_stats.items()
-            },
-            "median_cpu_s_q3": {
-                str(k): {n: st["q3"] for n, st in v.items()}
-                for k, v in cpu_stats.items()
-            },
-            "median_wall_s": {str(k): v for k, v in wall_results.items()},
-            "median_wall_s_q1": {
-                str(k): {n: st["q1"] for n, st in v.items()}
-                for k, v in wall_stats.items()
-            },
-            "median_wall_s_q3": {
-                str(k): {n: st["q3"] for n, st in v.items()}
-                for k, v in wall_stats.items()
-            },
-            "ratios": {str(k): v for k, v in ratios.items()},
-            "ratios_separated": resolved,
-        },
-        repeat=repeat,
-    )
+    data |= {"contexts": contexts, "clock": clock}
+    for name, key in (("cpu", "cpu_s"), ("wall", "time_s")):
+        for suffix in ("", "_q1", "_q3"):
+            medians = result[key + suffix]
+            data[f"median_{name}_s{suffix}"] = by_point(medians, contexts)
+    data["ratios"] = by_point(ratios, contexts)
+    data["ratios_separated"] = by_point(resolved, contexts)
+    finish(run, data, repeat=repeat)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The package's MultiHeadAttention against nn.MultiheadAttention and two baselines (chapter 6).
+"""The package's MultiHeadAttention against nn.MultiheadAttention and two baselines
+(chapter 6).
 
 Setting: batch 8, length 1024, embed 768, 12 heads (d = 64), causal self-attention,
 forward only, fp32, ``torch.inference_mode()``, under the protocol of ``_common`` (one
@@ -6,58 +7,66 @@ thread, passive OpenMP waiting, contenders interleaved, >= 7 repeats, quartiles 
 
 Contenders, timed round-robin in one run (medians after warm-up):
 
-* ``package``: ``attention.MultiHeadAttention(x, x, x, is_causal=True)`` (need_weights=False):
-  three projections, ``split_heads``, PyTorch's fused SDPA with ``is_causal=True`` (its CPU
-  flash kernel skips the key blocks above the diagonal), ``merge_heads``, output projection.
-* ``torch_mha``: ``nn.MultiheadAttention(batch_first=True)`` in eval mode with its causal
-  ``attn_mask`` (boolean, True = blocked) and ``need_weights=False``. Under inference mode
-  with ``query is key is value`` it takes its *fast path*, ``torch._native_multi_head_attention``
-  (the script counts the calls to prove it). On CPU that path is the materialising one:
-  ``bmm``, ``_masked_softmax``, ``bmm`` over the full ``(b, h, L, L)`` scores (400 MB
-  here), computing the masked upper half too (checked with ``torch.profiler``).
+* ``package``: ``attention.MultiHeadAttention(x, x, x, is_causal=True)``
+  (need_weights=False): three projections, ``split_heads``, PyTorch's fused SDPA with
+  ``is_causal=True`` (its CPU flash kernel skips the key blocks above the diagonal),
+  ``merge_heads``, output projection.
+* ``torch_mha``: ``nn.MultiheadAttention(batch_first=True)`` in eval mode with its
+  causal ``attn_mask`` (boolean, True = blocked) and ``need_weights=False``. Under
+  inference mode with ``query is key is value`` it takes its *fast path*,
+  ``torch._native_multi_head_attention`` (the script counts the calls to prove it). On
+  CPU that path is the materialising one: ``bmm``, ``_masked_softmax``, ``bmm`` over the
+  full ``(b, h, L, L)`` scores (400 MB here), computing the masked upper half too
+  (checked with ``torch.profiler``).
 * ``torch_mha_is_causal``: the same module with the fast path switched off
-  (``torch.backends.mha.set_fastpath_enabled(False)``) and ``is_causal=True`` passed as a
-  hint beside the mask: ``F.multi_head_attention_forward`` then drops the mask and calls
-  SDPA with ``is_causal=True``, the best torch's module can do here. For context only.
-* ``naive_heads``: a loop over the 12 heads, each with its own three ``nn.Linear(768, 64)``
-  projections and the package's materialising reference ``scaled_dot_product_attention``,
-  then concatenation and the output projection.
-* ``raw_sdpa``: the lower bound: one packed ``F.linear`` for q, k, v, views, fused SDPA with
-  ``is_causal=True``, output ``F.linear``.
+  (``torch.backends.mha.set_fastpath_enabled(False)``) and ``is_causal=True`` passed as
+  a hint beside the mask: ``F.multi_head_attention_forward`` then drops the mask and
+  calls SDPA with ``is_causal=True``, the best torch's module can do here. For context
+  only.
+* ``naive_heads``: a loop over the 12 heads, each with its own three
+  ``nn.Linear(768, 64)`` projections and the package's materialising reference
+  ``scaled_dot_product_attention``, then concatenation and the output projection.
+* ``raw_sdpa``: the lower bound: one packed ``F.linear`` for q, k, v, views, fused SDPA
+  with ``is_causal=True``, output ``F.linear``.
 
 All contenders share the same weights and are checked to agree before timing (that
-first call is also the warm-up). Prints
-ratios (time / package time) and saves ``src/attention/benchmark_results/mha.json``.
+first call is also the warm-up). Prints ratios (time / package time) and saves
+``src/attention/benchmark_results/mha.json``.
 
-Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]), ``torch_mha_fast_path``,
-``torch_mha_path``, ``max_abs_diff_vs_package``, ``median_s``, ``ratio_to_package``,
-``speedup_vs_torch_mha``, as before; added: ``median_s_q1`` and ``median_s_q3`` (interquartile range of
-each contender, beside ``median_s``), ``separated_from_package`` (per contender: its
-interquartile range and the package's do not overlap), ``quiet`` (see ``_common``).
+Keys: ``stamp``, ``setting``, ``load_average`` ([before, after]),
+``torch_mha_fast_path``, ``torch_mha_path``, ``max_abs_diff_vs_package``, ``median_s``,
+``ratio_to_package``, ``speedup_vs_torch_mha``, as before; added: ``median_s_q1`` and
+``median_s_q3`` (interquartile range of each contender, beside ``median_s``),
+``separated_from_package`` (per contender: its interquartile range and the package's do
+not overlap), ``quiet`` (see ``_common``).
 
 Run: ``.venv/bin/python benchmarks/mha.py`` (about two minutes on a quiet machine).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from _common import OMP_POLICY, set_omp_wait_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
+import torch
+import torch.nn.functional as F
+from _common import (
+    THREADS,
+    begin,
+    finish,
+    interleaved_stats,
+    protocol_config,
+    separated,
+)
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from _common import MIN_REPEAT, THREADS, begin, finish, interleaved_stats, separated  # noqa: E402
-from torch import nn  # noqa: E402
+from attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
 
-from attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention  # noqa: E402
-
+ORDER = 10  # place in run_all.py's session
 BATCH, LENGTH, EMBED, HEADS = 8, 1024, 768, 12
 ROLES = ("w_query", "w_key", "w_value")
-WARMUP, REPEAT = 0, MIN_REPEAT  # the correctness check before timing is the warm-up
+WARMUP = 0  # the correctness check before timing is the warm-up
 
 
 class NaiveHeads(nn.Module):
@@ -99,9 +108,8 @@ def raw_sdpa(x, w_in, b_in, w_out, b_out):
 
 def main() -> None:
     run = begin("mha")
-    repeat = 2 if run.quick else REPEAT
-    batch = 1 if run.quick else BATCH
     torch.set_num_threads(THREADS)
+    batch, length = (1, 64) if run.quick else (BATCH, LENGTH)
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(EMBED, HEADS, batch_first=True).eval()
     with torch.no_grad():
@@ -109,25 +117,16 @@ def main() -> None:
         ref.out_proj.bias.normal_(std=0.02)
     ours = MultiHeadAttention.from_torch(ref).eval()
     naive = NaiveHeads(ours).eval()
-    x = torch.randn(batch, LENGTH, EMBED)
-    blocked = ~causal_mask(LENGTH)  # torch's polarity: True = blocked
+    x = torch.randn(batch, length, EMBED)
+    blocked = ~causal_mask(length)  # torch's polarity: True = blocked
     w_in, b_in = ref.in_proj_weight.detach(), ref.in_proj_bias.detach()
     w_out, b_out = ref.out_proj.weight.detach(), ref.out_proj.bias.detach()
-
-    # Count the fast-path calls of nn.MultiheadAttention.
-    native = torch._native_multi_head_attention
-    calls = {"n": 0}
-
-    def counting(*args, **kwargs):
-        calls["n"] += 1
-        return native(*args, **kwargs)
 
     def torch_mha_is_causal():
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            return ref(x, x, x, attn_mask=blocked, is_causal=True, need_weights=False)[
-                0
-            ]
+            out = ref(x, x, x, attn_mask=blocked, is_causal=True, need_weights=False)
+            return out[0]
         finally:
             torch.backends.mha.set_fastpath_enabled(True)
 
@@ -139,59 +138,55 @@ def main() -> None:
         "raw_sdpa": lambda: raw_sdpa(x, w_in, b_in, w_out, b_out),
     }
 
+    # Count the fast-path calls of nn.MultiheadAttention during the check.
+    native = torch._native_multi_head_attention
+    calls = {"n": 0}
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return native(*args, **kwargs)
+
     torch._native_multi_head_attention = counting
     try:
         with torch.inference_mode():
             outs = {name: fn() for name, fn in fns.items()}
-            fast_path = calls["n"] == 1  # torch_mha only; the hinted variant has it off
-            max_diff = {
-                name: float((out - outs["package"]).abs().max())
-                for name, out in outs.items()
-            }
     finally:
         torch._native_multi_head_attention = native
+    fast_path = calls["n"] == 1  # torch_mha only; the hinted variant has it off
+    max_diff = {n: float((o - outs["package"]).abs().max()) for n, o in outs.items()}
     for name, diff in max_diff.items():
         assert diff < 1e-4, f"{name} differs from the package by {diff}"
     del outs
-    stats = interleaved_stats(fns, warmup=WARMUP, repeat=repeat)
+    stats = interleaved_stats(fns, warmup=WARMUP, repeat=run.repeat)
     times = {name: st["median"] for name, st in stats.items()}
-
     ratios = {name: t / times["package"] for name, t in times.items()}
-    print(
-        f"batch {batch}, length {LENGTH}, embed {EMBED}, {HEADS} heads, causal, fp32, "
-        f"{THREADS} threads"
-    )
-    print(f"nn.MultiheadAttention took its fast path: {fast_path}")
-    print(f"{'contender':<22}{'median ms':>12}{'x package':>12}")
+    print(f"batch {batch}, length {length}; took the fast path: {fast_path}")
     for name, t in times.items():
-        print(f"{name:<22}{1e3 * t:>12.1f}{ratios[name]:>12.2f}")
-    speedup = ratios["torch_mha"]
-    print(f"package vs nn.MultiheadAttention: {speedup:.2f}x faster (target >= 1.5x)")
-
+        print(f"{name:<22}{1e3 * t:>12.1f} ms {ratios[name]:>8.2f} x package")
+    setting = protocol_config(
+        run,
+        batch=batch,
+        length=length,
+        embed_dim=EMBED,
+        num_heads=HEADS,
+        causal=True,
+        dtype="float32",
+        mode="forward, inference_mode",
+        warmup=WARMUP + 1,
+    )
+    path = "F.multi_head_attention_forward"
+    if fast_path:
+        path = (
+            "torch._native_multi_head_attention on CPU: bmm, _masked_softmax, bmm "
+            "over the full (b, h, L, L) scores"
+        )
     finish(
         run,
         {
-            "setting": {
-                "batch": batch,
-                "length": LENGTH,
-                "embed_dim": EMBED,
-                "num_heads": HEADS,
-                "causal": True,
-                "dtype": "float32",
-                "mode": "forward, inference_mode",
-                "warmup": WARMUP + 1,
-                "repeat": repeat,
-                "threads": THREADS,
-                "omp_wait_policy": OMP_WAIT_POLICY,
-            },
+            "setting": setting,
             "load_average": None,  # filled by finish: [before, after]
             "torch_mha_fast_path": fast_path,
-            "torch_mha_path": (
-                "torch._native_multi_head_attention on CPU: bmm, _masked_softmax, bmm over the "
-                "full (b, h, L, L) scores"
-                if fast_path
-                else "F.multi_head_attention_forward"
-            ),
+            "torch_mha_path": path,
             "max_abs_diff_vs_package": max_diff,
             "median_s": times,
             "median_s_q1": {name: st["q1"] for name, st in stats.items()},
@@ -200,9 +195,8 @@ def main() -> None:
                 name: separated(st, stats["package"]) for name, st in stats.items()
             },
             "ratio_to_package": ratios,
-            "speedup_vs_torch_mha": speedup,
+            "speedup_vs_torch_mha": ratios["torch_mha"],
         },
-        repeat=repeat,
     )
 
 

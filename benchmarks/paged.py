@@ -1,4 +1,5 @@
-"""What the block table costs: one decode step from a paged cache against a contiguous one (chapter 18).
+"""What the block table costs: one decode step from a paged cache against a contiguous
+one (chapter 18).
 
 Setting: a batch of 4 sequences, each holding ``L`` cached positions, 8 heads (as many
 key/value heads), d = 64, fp32, pool blocks of 16 positions, ``torch.inference_mode()``,
@@ -11,66 +12,67 @@ difference is where the keys and values come from):
 
 * ``contiguous``: ``KVCache.update`` (one slice write per step) and attention over the
   ``(b, h, L + 1, d)`` views of the buffers;
-* ``paged``: ``PagedKVCache.append`` for each sequence (a scatter through its block table)
-  and ``PagedKVCache.attend``, which gathers every sequence's blocks through the table
-  into a padded batch and masks the padding (a real paged kernel reads the blocks in
-  place; the gather is this implementation's indirection);
-* ``paged_gather``: only the gathers of ``attend`` (``PagedKVCache.gather`` per sequence),
-  to show which part of the gap is the copy.
+* ``paged``: ``PagedKVCache.append`` for each sequence (a scatter through its block
+  table) and ``PagedKVCache.attend``, which gathers every sequence's blocks through the
+  table into a padded batch and masks the padding (a real paged kernel reads the blocks
+  in place; the gather is this implementation's indirection);
+* ``paged_gather``: only the gathers of ``attend`` (``PagedKVCache.gather`` per
+  sequence), to show which part of the gap is the copy.
 
 The outputs of ``contiguous`` and ``paged`` are checked to agree before timing.
 
-Saved keys: ``contexts``; ``time_s``, ``time_s_q1``, ``time_s_q3`` (``{contender: [per L]}``);
-``paged_over_contiguous`` (median ratio per L) and ``paged_over_contiguous_separated`` (the
-two interquartile ranges do not overlap); ``config``; ``stamp``, ``quiet`` (``_common``).
+Saved keys: ``contexts``; ``time_s``, ``time_s_q1``, ``time_s_q3`` (``{contender: [per
+L]}``); ``paged_over_contiguous`` (median ratio per L) and
+``paged_over_contiguous_separated`` (the two interquartile ranges do not overlap);
+``config``; ``stamp``, ``quiet`` (``_common``).
 
 Run: ``.venv/bin/python benchmarks/paged.py`` (about twenty seconds on a quiet machine).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from _common import OMP_POLICY, set_omp_wait_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
+import torch
+from _common import (
+    THREADS,
+    agree,
+    begin,
+    finish,
+    protocol_config,
+    ratio,
+    separated_at,
+    sweep,
+)
 
-import torch  # noqa: E402
-from _common import MIN_REPEAT, THREADS, begin, finish, interleaved_stats, separated  # noqa: E402
+from attention import KVCache, PagedKVCache, scaled_dot_product_attention
 
-from attention import KVCache, PagedKVCache, scaled_dot_product_attention  # noqa: E402
-
+ORDER = 80  # place in run_all.py's session
 BATCH, HEADS, DIM, BLOCK = 4, 8, 64, 16
-CONTEXTS = [256, 512, 1024, 2048, 4096]
+CONTEXTS, QUICK_CONTEXTS = [256, 512, 1024, 2048, 4096], [64, 128]
 REPEAT = 21  # calls of a millisecond or less: more samples are cheap
-QUICK_CONTEXTS = [64, 128]
-NAMES = ("contiguous", "paged", "paged_gather")
 
 
 def contenders(length: int) -> dict:
+    """The three ways to decode token ``length + 1``, on the same prefix."""
     g = torch.Generator().manual_seed(length)
-    prefix_k, prefix_v = (
-        torch.randn(BATCH, HEADS, length, DIM, generator=g) for _ in range(2)
-    )
+    shape = (BATCH, HEADS, length, DIM)
+    prefix_k, prefix_v = (torch.randn(shape, generator=g) for _ in range(2))
     q, k, v = (torch.randn(BATCH, HEADS, 1, DIM, generator=g) for _ in range(3))
 
     flat = KVCache(BATCH, length + 1, num_kv_heads=HEADS, head_dim=DIM)
     flat.update(prefix_k, prefix_v)
-    blocks = (
-        BATCH * -(-(length + 1) // BLOCK) + BATCH
-    )  # every sequence's blocks, and some spare
-    pool = PagedKVCache(blocks, BLOCK, HEADS, DIM)
+    # every sequence's blocks, and some spare
+    pool = PagedKVCache(BATCH * -(-(length + 1) // BLOCK) + BATCH, BLOCK, HEADS, DIM)
     seqs = [pool.add_sequence() for _ in range(BATCH)]
-    # Interleave the sequences' appends, as concurrent requests do: their blocks alternate in the pool.
+    # Interleave the sequences' appends, as concurrent requests do: their blocks
+    # alternate in the pool.
     for start in range(0, length, BLOCK):
         for row, s in enumerate(seqs):
-            pool.append(
-                s,
-                prefix_k[row, :, start : start + BLOCK],
-                prefix_v[row, :, start : start + BLOCK],
-            )
+            chunk = slice(start, start + BLOCK)
+            pool.append(s, prefix_k[row, :, chunk], prefix_v[row, :, chunk])
 
     def contiguous():
         flat.length = length  # drop the previous call's token
@@ -91,52 +93,32 @@ def contenders(length: int) -> dict:
 
 def main() -> None:
     run = begin("paged")
-    contexts = QUICK_CONTEXTS if run.quick else CONTEXTS
-    repeat = 3 if run.quick else max(MIN_REPEAT, REPEAT)
     torch.set_num_threads(THREADS)
-    med, q1, q3 = ({name: [] for name in NAMES} for _ in range(3))
-    ratio, resolved = [], []
-    for length in contexts:
-        fns = contenders(length)
-        with torch.inference_mode():
-            diff = float((fns["contiguous"]() - fns["paged"]()).abs().max())
-        assert diff < 1e-5, (
-            f"L = {length}: paged and contiguous outputs differ by {diff}"
-        )
-        t = interleaved_stats(fns, warmup=2, repeat=repeat)
-        for name in NAMES:
-            med[name].append(t[name]["median"])
-            q1[name].append(t[name]["q1"])
-            q3[name].append(t[name]["q3"])
-        ratio.append(t["paged"]["median"] / t["contiguous"]["median"])
-        resolved.append(separated(t["paged"], t["contiguous"]))
-        print(
-            f"L = {length:>5}: "
-            + "  ".join(f"{name} {1e3 * t[name]['median']:7.3f} ms" for name in NAMES)
-            + f"  paged / contiguous {ratio[-1]:.2f}",
-            flush=True,
-        )
+    contexts = QUICK_CONTEXTS if run.quick else CONTEXTS
+    repeat = run.repeat if run.quick else max(run.repeat, REPEAT)
+    check = agree("contiguous", "paged", atol=1e-5)
+    result = sweep(run, contexts, contenders, check=check, repeat=repeat, label="L")
+    config = protocol_config(
+        run,
+        batch=BATCH,
+        heads=HEADS,
+        kv_heads=HEADS,
+        d=DIM,
+        block_size=BLOCK,
+        dtype="float32",
+        kernel="attention.scaled_dot_product_attention",
+        repeat=repeat,
+    )
     finish(
         run,
         {
-            "config": {
-                "batch": BATCH,
-                "heads": HEADS,
-                "kv_heads": HEADS,
-                "d": DIM,
-                "block_size": BLOCK,
-                "dtype": "float32",
-                "kernel": "attention.scaled_dot_product_attention",
-                "threads": THREADS,
-                "omp_wait_policy": OMP_WAIT_POLICY,
-                "repeat": repeat,
-            },
+            "config": config,
             "contexts": contexts,
-            "time_s": med,
-            "time_s_q1": q1,
-            "time_s_q3": q3,
-            "paged_over_contiguous": ratio,
-            "paged_over_contiguous_separated": resolved,
+            **result,
+            "paged_over_contiguous": ratio(result, "paged", "contiguous"),
+            "paged_over_contiguous_separated": separated_at(
+                result, "paged", "contiguous"
+            ),
         },
         repeat=repeat,
     )

@@ -1,8 +1,10 @@
-"""Cost of one generated token: softmax with a KV cache against recurrent states (chapters 10 and 11).
+"""Cost of one generated token: softmax with a KV cache against recurrent states
+(chapters 10 and 11).
 
-Setting: one attention layer's core (no projections), batch 1, 8 heads, d = e = 64, fp32,
-one thread, ``torch.inference_mode()``. For each context length ``L`` every contender
-produces the output of token ``L + 1`` given what it keeps of the ``L`` tokens before it:
+Setting: one attention layer's core (no projections), batch 1, 8 heads, d = e = 64,
+fp32, one thread, ``torch.inference_mode()``. For each context length ``L`` every
+contender produces the output of token ``L + 1`` given what it keeps of the ``L`` tokens
+before it:
 
 * ``softmax_cache``: the new key and value are written into a preallocated KV cache and
   the query attends to all ``L + 1`` cached keys with PyTorch's fused
@@ -13,56 +15,61 @@ produces the output of token ``L + 1`` given what it keeps of the ``L`` tokens b
   (the delta rule's read, correct and write).
 * ``gated_delta_step``: ``attention.gated_delta_rule_attention`` likewise, with a decay.
 
-The package functions check their arguments on every call (shapes, ``beta`` in
-``[0, 1]``, ``g <= 0``), a fixed cost of some microseconds that a fused kernel would not
-pay; at short contexts it is a visible share of a step. The recurrent steps cost the same
-at every ``L``; they are timed at every ``L`` anyway,
-interleaved with the softmax step, so that each ratio compares calls made side by side.
-Each step is checked against its sequence form before timing.
+The package functions check their arguments on every call (shapes, ``beta`` in ``[0,
+1]``, ``g <= 0``), a fixed cost of some microseconds that a fused kernel would not pay;
+at short contexts it is a visible share of a step. The recurrent steps cost the same at
+every ``L``; they are timed at every ``L`` anyway, interleaved with the softmax step, so
+that each ratio compares calls made side by side. Each step is checked against its
+sequence form before timing.
 
 Saved per contender and length: median, first and third quartile (``q1``, ``q3``) of the
 thread CPU time (``time.thread_time``: with one thread, the work done) and of the wall
-time; the bytes the contender holds between tokens (KV cache for ``L + 1`` tokens, or the
-state), computed from the tensor shapes; and the extra peak memory of one step measured by
-``_common.peak_memory_mib`` in a fresh process. Also the KV-cache bytes per token and per
-layer, and the context length at which the cache outgrows each state.
+time; the bytes the contender holds between tokens (KV cache for ``L + 1`` tokens, or
+the state), computed from the tensor shapes; and the extra peak memory of one step
+measured by ``_common.peak_memory_mib`` in a fresh process. Also the KV-cache bytes per
+token and per layer, and the context length at which the cache outgrows each state.
 
 The 1-minute load average is recorded; when it exceeds the core count the results are
-not saved (timings on a busy machine measure the machine). ``--smoke`` runs tiny sizes
-and never saves.
+not saved (timings on a busy machine measure the machine). ``--quick`` runs tiny sizes
+and saves to a temporary folder.
 
 Run: ``.venv/bin/python benchmarks/recurrent.py`` (a few minutes on one idle core).
 """
 
 from __future__ import annotations
 
-import statistics
-import sys
-from pathlib import Path
+from _common import OMP_POLICY, set_omp_wait_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
+import torch
+from _common import (
+    THREADS,
+    begin,
+    by_point,
+    finish,
+    protocol_config,
+    sweep,
+    with_quartiles,
+)
 
-import torch  # noqa: E402
-from _common import THREADS, begin, finish, interleaved_clocks, peak_memory_mib  # noqa: E402
-
-from attention import (  # noqa: E402
+from attention import (
     delta_rule_attention,
     gated_delta_rule_attention,
     linear_attention,
     linear_attention_step,
 )
 
+ORDER = 100  # place in run_all.py's session
 HEADS, DIM = 8, 64
-CONTEXTS = [256, 1024, 4096, 16384, 65536]
+CONTEXTS, QUICK_CONTEXTS = [256, 1024, 4096, 16384, 65536], [64, 256]
 WARMUP, REPEAT = 3, 15
 NAMES = ("softmax_cache", "linear_step", "delta_step", "gated_delta_step")
 
 
 def _token(seed: int):
-    """One token's query, key (unit norm, as DeltaNet uses), value, beta and log-decay."""
+    """One token's query, key (unit norm, as DeltaNet uses), value, beta and
+    log-decay."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (
         torch.randn(1, HEADS, 1, DIM, generator=g) for _ in range(3)
@@ -74,7 +81,8 @@ def _token(seed: int):
 
 
 def make_softmax_cache(length: int):
-    """Zero-argument callable: decode token L + 1 against a KV cache holding L tokens."""
+    """Zero-argument callable: decode token L + 1 against a KV cache holding L
+    tokens."""
     g = torch.Generator().manual_seed(1)
     cache_k = torch.randn(1, HEADS, length + 1, DIM, generator=g)  # (b, h, L + 1, d)
     cache_v = torch.randn(1, HEADS, length + 1, DIM, generator=g)
@@ -194,78 +202,50 @@ def check_steps() -> None:
     assert torch.allclose(last[..., 0, :], full[..., -1, :], atol=1e-10)
 
 
-def summary(samples: list[float]) -> dict:
-    """Median and interquartile range of one contender's samples."""
-    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return {"median": median, "q1": q1, "q3": q3}
-
-
 def main() -> None:
     run = begin("recurrent")
-    contexts, warmup, repeat = (
-        ([64, 256], 1, 7) if run.quick else (CONTEXTS, WARMUP, REPEAT)
-    )
-
     torch.set_num_threads(THREADS)
+    contexts = QUICK_CONTEXTS if run.quick else CONTEXTS
+    warmup, repeat = (1, run.repeat) if run.quick else (WARMUP, REPEAT)
     check_steps()
-    # Memory first, before this process holds large tensors (see _common.peak_memory_mib).
-    peak = {
-        name: [peak_memory_mib(f"recurrent:make_{name}", length=n) for n in contexts]
-        for name in NAMES
-    }
-    cpu_stats, wall_stats = {}, {}
-    for n in contexts:
-        wall, cpu = interleaved_clocks(
-            {name: MAKERS[name](n) for name in NAMES}, warmup=warmup, repeat=repeat
-        )
-        cpu_stats[str(n)] = {name: summary(s) for name, s in cpu.items()}
-        wall_stats[str(n)] = {name: summary(s) for name, s in wall.items()}
-        print(
-            f"L={n:6d} cpu median [q1, q3] us: "
-            + "  ".join(
-                f"{name} {1e6 * s['median']:.1f} [{1e6 * s['q1']:.1f}, {1e6 * s['q3']:.1f}]"
-                for name, s in cpu_stats[str(n)].items()
-            ),
-            flush=True,
-        )
-    kv_per_token = 2 * HEADS * DIM * 4
-    state_bytes = {
-        name: held_bytes(name, 0) for name in NAMES if name != "softmax_cache"
-    }
-    break_even = {name: b / kv_per_token for name, b in state_bytes.items()}
-    print(
-        f"KV cache per token and layer: {kv_per_token} bytes; state per layer: "
-        + ", ".join(
-            f"{name} {b} bytes (= {break_even[name]:.1f} tokens of cache)"
-            for name, b in state_bytes.items()
-        )
+    result = sweep(
+        run,
+        contexts,
+        MAKERS,
+        memory=True,
+        warmup=warmup,
+        repeat=repeat,
+        clocks="wall+cpu",
+        label="L",
     )
+    kv_per_token = 2 * HEADS * DIM * 4
+    state_bytes = {n: held_bytes(n, 0) for n in NAMES if n != "softmax_cache"}
+    setting = protocol_config(
+        run,
+        batch=1,
+        heads=HEADS,
+        d=DIM,
+        e=DIM,
+        dtype="float32",
+        mode="one decode step, inference_mode",
+        warmup=warmup,
+        repeat=repeat,
+    )
+    clock = "cpu_s: time.thread_time of the one compute thread; wall_s: perf_counter"
     finish(
         run,
         {
-            "setting": {
-                "batch": 1,
-                "heads": HEADS,
-                "d": DIM,
-                "e": DIM,
-                "dtype": "float32",
-                "mode": "one decode step, inference_mode",
-                "warmup": warmup,
-                "repeat": repeat,
-                "omp_wait_policy": OMP_WAIT_POLICY,
-            },
+            "setting": setting,
             "contexts": contexts,
             "contenders": list(NAMES),
-            "clock": "cpu_s: time.thread_time of the one compute thread; wall_s: perf_counter",
-            "cpu_s": cpu_stats,
-            "wall_s": wall_stats,
-            "held_bytes": {
-                name: [held_bytes(name, n) for n in contexts] for name in NAMES
-            },
-            "step_peak_mib": peak,
+            "clock": clock,
+            "cpu_s": by_point(with_quartiles(result, "cpu_s"), contexts),
+            "wall_s": by_point(with_quartiles(result, "time_s"), contexts),
+            "held_bytes": {n: [held_bytes(n, L) for L in contexts] for n in NAMES},
+            "step_peak_mib": result["peak_mib"],
             "kv_cache_bytes_per_token_per_layer": kv_per_token,
             "state_bytes_per_layer": state_bytes,
-            "break_even_tokens": break_even,
+            "break_even_tokens": {n: b / kv_per_token for n, b in state_bytes.items()},
         },
         repeat=repeat,
     )

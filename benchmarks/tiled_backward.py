@@ -1,4 +1,5 @@
-"""Training memory and time of exact attention: forward + backward, five ways (chapter 15).
+"""Training memory and time of exact attention: forward + backward, five ways
+(chapter 15).
 
 Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, blocks of 256 keys:
 
@@ -11,78 +12,70 @@ Contenders, fp32, batch 1, 4 heads, d = e = 64, non-causal, blocks of 256 keys:
   log-sum-exp;
 * ``stored_p``: the same tiled forward and backward, except that the forward keeps every
   tile of the weights P (``(h, N, N)`` in all) and the backward reads them instead of
-  recomputing ``Q K^T`` and the exponential: what recomputation saves in memory and costs
-  in time;
+  recomputing ``Q K^T`` and the exponential: what recomputation saves in memory and
+  costs in time;
 * ``sdpa``: PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention`` forward
   and backward (its flash CPU kernel, which also recomputes): the strongest baseline.
 
-Each call is the forward pass and ``torch.autograd.grad`` of a weighted sum of the output
-with respect to q, k and v. Peak memory (extra resident memory of one call) is measured
-in a fresh subprocess per contender and length (``_common.peak_memory_mib``); times under
-the protocol of ``_common`` (one thread, passive OpenMP waiting, interleaved, >= 7
-repeats after warm-up, median and quartiles).
+Each call is the forward pass and ``torch.autograd.grad`` of a weighted sum of the
+output with respect to q, k and v. Peak memory (extra resident memory of one call) is
+measured in a fresh subprocess per contender and length (``_common.peak_memory_mib``);
+times under the protocol of ``_common`` (one thread, passive OpenMP waiting,
+interleaved, >= 7 repeats after warm-up, median and quartiles).
 
 The cost of recomputation is measured apart, with more repeats (``RECOMPUTE_REPEAT``) at
-``RECOMPUTE_N``: ``tiled`` against ``stored_p``, forward + backward and backward alone (the
-backward of one graph built outside the timed call, run with ``retain_graph``).
+``RECOMPUTE_N``: ``tiled`` against ``stored_p``, forward + backward and backward alone
+(the backward of one graph built outside the timed call, run with ``retain_graph``).
 
 Keys: ``n``, ``peak_mib`` ``{naive, tiled_autograd, tiled}``, ``timed_n``, ``time_s``,
-``memory_ratio_8192``, ``load_average``, ``config``, as before; ``peak_mib``, ``time_s`` and
-``memory_ratio_8192`` now also hold ``stored_p`` and ``sdpa``. Added: ``time_s_q1``,
+``memory_ratio_8192``, ``load_average``, ``config``, as before; ``peak_mib``, ``time_s``
+and ``memory_ratio_8192`` now also hold ``stored_p`` and ``sdpa``. Added: ``time_s_q1``,
 ``time_s_q3`` (interquartile range, the layout of ``time_s``); ``recompute``: ``n``,
 ``repeat``, ``forward_backward`` and ``backward`` (each ``{tiled, stored_p}`` ->
-``{median, q1, q3}`` in seconds), ``cost_forward_backward`` and ``cost_backward``
-(tiled / stored_p medians - 1: the fraction recomputation adds), ``*_separated`` (the two
+``{median, q1, q3}`` in seconds), ``cost_forward_backward`` and ``cost_backward`` (tiled
+/ stored_p medians - 1: the fraction recomputation adds), ``*_separated`` (the two
 interquartile ranges do not overlap); ``stamp`` and ``quiet`` (see ``_common``).
 
-Run: ``.venv/bin/python benchmarks/tiled_backward.py`` (about two and a half minutes on a
-quiet machine, most of it the memory probes at N = 8192: the naive form's call alone takes
-about 12 s of CPU there).
+Run: ``.venv/bin/python benchmarks/tiled_backward.py`` (about two and a half minutes on
+a quiet machine, most of it the memory probes at N = 8192: the naive form's call alone
+takes about 12 s of CPU there).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from _common import OMP_POLICY, set_omp_wait_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from _common import (  # noqa: E402
-    MEMORY_THREADS,
-    MIN_REPEAT,
+import torch
+import torch.nn.functional as F
+from _common import (
     THREADS,
     begin,
     finish,
     interleaved_samples,
-    peak_memory_mib,
+    peak_memories,
+    protocol_config,
     quartiles,
     separated,
-    spread,
+    sweep,
 )
-from torch.autograd.function import once_differentiable  # noqa: E402
+from torch.autograd.function import once_differentiable
 
-from attention import scaled_dot_product_attention, tiled_attention  # noqa: E402
+from attention import scaled_dot_product_attention, tiled_attention
 
+ORDER = 40  # place in run_all.py's session
 HEADS, DIM, BLOCK = 4, 64, 256
 SIZES = [512, 1024, 2048, 4096, 8192]
 TIMED_SIZES = [512, 1024, 2048]  # the naive form at 4096 takes seconds a call
 CONTENDERS = ["naive", "tiled_autograd", "tiled", "stored_p", "sdpa"]
 RECOMPUTE_N, RECOMPUTE_REPEAT = 2048, 21
-QUICK = {
-    "sizes": [256, 512],
-    "timed": [256, 512],
-    "recompute_n": 512,
-    "recompute_repeat": 5,
-}
+QUICK_SIZES, QUICK_RECOMPUTE_N = [64, 128], 128
 
 
 def tiled_autograd(q, k, v, block_size=BLOCK):
-    """Chapter 14's recurrence in plain differentiable operations: autograd keeps every tile."""
+    """Chapter 14's recurrence in plain differentiable operations: autograd keeps every
+    tile."""
     scale = q.shape[-1] ** -0.5
     n = k.shape[-2]
     m = torch.full((*q.shape[:-1], 1), float("-inf"))
@@ -104,11 +97,12 @@ def tiled_autograd(q, k, v, block_size=BLOCK):
 class _StoredP(torch.autograd.Function):
     """Tiled attention (non-causal, no mask) whose backward reads the stored weights P.
 
-    The forward is the online-softmax recurrence of ``attention.efficient.tiled``; it keeps each
-    exponentiated tile ``exp(S_j - m_j)`` and its running max ``m_j``, and at the end
-    rescales them in place to ``P_j = exp(S_j - lse)`` (one multiply by a per-row factor:
-    no second pass of exponentials). The backward is ``attention.efficient.tiled``'s, minus the
-    recomputation of ``S_j = Q K_j^T s`` and ``exp``.
+    The forward is the online-softmax recurrence of ``attention.efficient.tiled``; it
+    keeps each exponentiated tile ``exp(S_j - m_j)`` and its running max ``m_j``, and at
+    the end rescales them in place to ``P_j = exp(S_j - lse)`` (one multiply by a
+    per-row factor: no second pass of exponentials). The backward is
+    ``attention.efficient.tiled``'s, minus the recomputation of ``S_j = Q K_j^T s`` and
+    ``exp``.
     """
 
     @staticmethod
@@ -180,12 +174,14 @@ def _inputs(n: int):
 
 
 def _prepared(name: str, n: int):
-    """A zero-argument call: forward and backward of one contender on inputs of length n."""
+    """A zero-argument call: forward and backward of one contender on inputs of length
+    n."""
     q, k, v, weight = _inputs(n)
     fn = FUNCTIONS[name]
 
     def run():
-        # The probe and the timer run calls under inference_mode; training needs autograd.
+        # The probe and the timer run calls under inference_mode; training needs
+        # autograd.
         with torch.inference_mode(False), torch.enable_grad():
             out = fn(q, k, v)
             return torch.autograd.grad((out * weight).sum(), (q, k, v))
@@ -194,7 +190,8 @@ def _prepared(name: str, n: int):
 
 
 def _backward_only(name: str, n: int):
-    """A zero-argument call: the backward alone, of one graph built here (retain_graph)."""
+    """A zero-argument call: the backward alone, of one graph built here
+    (retain_graph)."""
     q, k, v, weight = _inputs(n)
     with torch.inference_mode(False), torch.enable_grad():
         loss = (FUNCTIONS[name](q, k, v) * weight).sum()
@@ -226,8 +223,12 @@ def make_sdpa(n: int):
     return _prepared("sdpa", n)
 
 
-def _check(n: int = 256) -> None:
-    """Every contender's gradients agree with the naive form's before anything is timed."""
+MAKERS = {name: globals()[f"make_{name}"] for name in CONTENDERS}
+
+
+def _check(n: int = 2 * BLOCK) -> None:
+    """Every contender's gradients agree with the naive form's before anything is
+    timed."""
     ref = _prepared("naive", n)()
     for name in CONTENDERS[1:]:
         got = _prepared(name, n)()
@@ -235,108 +236,62 @@ def _check(n: int = 256) -> None:
         assert diff < 1e-4, f"{name}: gradients differ from the naive form's by {diff}"
 
 
-def main() -> None:
-    run = begin("tiled_backward")
-    q = (
-        QUICK
-        if run.quick
-        else {
-            "sizes": SIZES,
-            "timed": TIMED_SIZES,
-            "recompute_n": RECOMPUTE_N,
-            "recompute_repeat": RECOMPUTE_REPEAT,
-        }
-    )
-    repeat = 3 if run.quick else MIN_REPEAT
-    sizes, timed = q["sizes"], q["timed"]
-    torch.set_num_threads(THREADS)
-    # Memory first: a probe is measured before any large tensor exists in this parent.
-    peak = {}
-    for name in CONTENDERS:
-        peak[name] = []
-        for n in sizes:
-            peak[name].append(peak_memory_mib(f"tiled_backward:make_{name}", n=n))
-            print(f"{name:>15} N = {n:>5}: {peak[name][-1]:9.1f} MiB", flush=True)
-    _check()
-    stats = {name: [] for name in CONTENDERS}
-    for n in timed:
-        samples = interleaved_samples(
-            {name: _prepared(name, n) for name in CONTENDERS}, warmup=1, repeat=repeat
-        )
-        for name in CONTENDERS:
-            stats[name].append(quartiles(samples[name]))
-        print(
-            f"N = {n:>5}: "
-            + "  ".join(
-                f"{name} {1e3 * stats[name][-1]['median']:8.1f} ms"
-                for name in CONTENDERS
-            ),
-            flush=True,
-        )
-    times, q1, q3 = {}, {}, {}
-    for name in CONTENDERS:
-        times[name], q1[name], q3[name] = spread(stats[name])
-
-    # The cost of recomputation, resolved with more repeats.
-    rn, rr = q["recompute_n"], q["recompute_repeat"]
+def recomputation(run, n: int, repeat: int) -> dict:
+    """The cost of recomputation, resolved with more repeats: forward + backward and
+    the backward alone, tiled (recomputes) against stored_p (reads P)."""
     pair = ("tiled", "stored_p")
-    fb = interleaved_samples(
-        {name: _prepared(name, rn) for name in pair}, warmup=2, repeat=rr
-    )
-    bw = interleaved_samples(
-        {name: _backward_only(name, rn) for name in pair}, warmup=2, repeat=rr
+    fb, bw = (
+        interleaved_samples({k: make(k, n) for k in pair}, warmup=2, repeat=repeat)
+        for make in (_prepared, _backward_only)
     )
     fb, bw = ({k: quartiles(v) for k, v in d.items()} for d in (fb, bw))
-    recompute = {
-        "n": rn,
-        "repeat": rr,
-        "forward_backward": fb,
-        "backward": bw,
-        "cost_forward_backward": fb["tiled"]["median"] / fb["stored_p"]["median"] - 1,
-        "cost_forward_backward_separated": separated(fb["tiled"], fb["stored_p"]),
-        "cost_backward": bw["tiled"]["median"] / bw["stored_p"]["median"] - 1,
-        "cost_backward_separated": separated(bw["tiled"], bw["stored_p"]),
-    }
-    print(
-        f"N = {rn}, {rr} repeats: recomputation adds {100 * recompute['cost_forward_backward']:.1f} % "
-        f"to forward + backward (resolved: {recompute['cost_forward_backward_separated']}) and "
-        f"{100 * recompute['cost_backward']:.1f} % to the backward (resolved: "
-        f"{recompute['cost_backward_separated']})"
+    cost = {}
+    for label, st in (("forward_backward", fb), ("backward", bw)):
+        cost[f"cost_{label}"] = st["tiled"]["median"] / st["stored_p"]["median"] - 1
+        cost[f"cost_{label}_separated"] = separated(st["tiled"], st["stored_p"])
+    print(f"N = {n}, {repeat} repeats: recomputation adds {cost}")
+    return {"n": n, "repeat": repeat, "forward_backward": fb, "backward": bw, **cost}
+
+
+def main() -> None:
+    run = begin("tiled_backward")
+    torch.set_num_threads(THREADS)
+    sizes, timed = (QUICK_SIZES, QUICK_SIZES) if run.quick else (SIZES, TIMED_SIZES)
+    # Memory first: a probe is measured before any large tensor exists in this parent.
+    peak = peak_memories(run, MAKERS, sizes)
+    _check()
+    result = sweep(run, timed, MAKERS, warmup=1)
+    recompute = recomputation(
+        run,
+        QUICK_RECOMPUTE_N if run.quick else RECOMPUTE_N,
+        run.repeat if run.quick else RECOMPUTE_REPEAT,
     )
-    i = len(sizes) - 1
-    ratio = peak["tiled"][i] / peak["naive"][i]
-    print(
-        f"N = {sizes[i]}: the recomputing backward's peak is {ratio:.4f} of naive autograd's (1/{1 / ratio:.0f})"
+    config = protocol_config(
+        run,
+        batch=1,
+        heads=HEADS,
+        d=DIM,
+        dtype="float32",
+        block_size=BLOCK,
+        is_causal=False,
+        call="forward + autograd.grad with respect to q, k, v",
     )
+    largest = peak["naive"][-1]
     finish(
         run,
         {
             "load_average": None,  # filled by finish: [before, after]
-            "config": {
-                "batch": 1,
-                "heads": HEADS,
-                "d": DIM,
-                "dtype": "float32",
-                "block_size": BLOCK,
-                "is_causal": False,
-                "threads": THREADS,
-                "memory_threads": MEMORY_THREADS,
-                "omp_wait_policy": OMP_WAIT_POLICY,
-                "call": "forward + autograd.grad with respect to q, k, v",
-                "repeat": repeat,
-            },
+            "config": config,
             "n": sizes,
             "peak_mib": peak,
             "timed_n": timed,
-            "time_s": times,
-            "time_s_q1": q1,
-            "time_s_q3": q3,
+            **result,
+            # at the largest size (8192 in a full run)
             "memory_ratio_8192": {
-                name: peak[name][i] / peak["naive"][i] for name in CONTENDERS
+                k: v[-1] / largest if largest else None for k, v in peak.items()
             },
             "recompute": recompute,
         },
-        repeat=repeat,
     )
 
 
