@@ -154,6 +154,7 @@ def four_process_run():
     return out, time.monotonic() - t0
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 @pytest.mark.parametrize("layout, is_causal, scale", CONFIGS)
 def test_ring_on_4_processes_equals_sdpa(four_process_run, layout, is_causal, scale):
     (results, _), _ = four_process_run
@@ -162,6 +163,7 @@ def test_ring_on_4_processes_equals_sdpa(four_process_run, layout, is_causal, sc
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 @pytest.mark.parametrize("block_size", [128, 5])
 @pytest.mark.parametrize("layout, is_causal, scale", CONFIGS)
 def test_ring_on_2_processes_in_a_group_equals_sdpa(
@@ -173,6 +175,7 @@ def test_ring_on_2_processes_in_a_group_equals_sdpa(
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 @pytest.mark.parametrize("layout, is_causal", [("contiguous", True), ("zigzag", False)])
 def test_ring_with_grouped_query_heads_equals_sdpa(four_process_run, layout, is_causal):
     (results, _), _ = four_process_run
@@ -185,6 +188,7 @@ def test_ring_with_grouped_query_heads_equals_sdpa(four_process_run, layout, is_
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_an_inf_score_in_a_skipped_tile_makes_its_rows_nan(four_process_run, layout):
     """The package's rule: a +inf score poisons its row even against a key in the
@@ -197,6 +201,7 @@ def test_an_inf_score_in_a_skipped_tile_makes_its_rows_nan(four_process_run, lay
     torch.testing.assert_close(results["poisoned", layout], expected, equal_nan=True)
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 def test_bad_shards_raise_on_every_rank_before_blocking(four_process_run):
     (_, errors), _ = (
         four_process_run  # rank 0's view; the run finishing shows no rank waited
@@ -220,6 +225,7 @@ def test_bad_shards_raise_on_every_rank_before_blocking(four_process_run):
 # ----------------------------------------------------------------------------- the launcher never hangs
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 def test_a_failing_rank_stops_the_others():
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="rank 1 refuses"):
@@ -230,6 +236,7 @@ def test_a_failing_rank_stops_the_others():
     assert time.monotonic() - t0 < 300
 
 
+@pytest.mark.slow  # processes launched: make test, not make check
 def test_a_stuck_run_times_out_and_leaves_nothing():
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="had not finished after 3 s"):

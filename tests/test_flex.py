@@ -24,9 +24,11 @@ from attention.practice.logits import softcap_attention
 from attention.practice.sinks import attention_with_sinks, streaming_mask
 from conftest import qkv
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:flex_attention called without torch.compile"
-)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+    # FlexAttention's eager path costs about a second of CPU a test: make test runs them
+    pytest.mark.slow,
+]
 
 D64 = torch.float64
 N, H, D = 24, 4, 8

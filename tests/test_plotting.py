@@ -92,7 +92,10 @@ def test_plot_attention_rejects_bad_input():
         plot_attention("weights")
 
 
-@pytest.mark.parametrize("n", [2, 8, 64, 300])
+@pytest.mark.parametrize(
+    "n",
+    [2, 8, 64, pytest.param(300, marks=pytest.mark.slow)],  # 300: a second to draw
+)
 def test_figure_sizes_are_capped_whatever_the_matrix_size(n):
     for fig in (
         plot_attention(torch.rand(n, n)).figure,
@@ -125,6 +128,7 @@ def test_compared_panels_share_one_scale_and_one_colour_bar():
     assert len(colour_bars(fig)) == 1
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_grids_have_at_most_three_panels_per_row():
     fig = plot_heads(torch.rand(12, 4, 4), ncols=4)
     fig.draw_without_rendering()
@@ -255,6 +259,7 @@ def test_use_course_style_sets_the_shared_style():
     assert plt.rcParams["figure.dpi"] == 100
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_a_full_width_figure_stays_within_the_column_once_cropped():
     """Inline figures are cropped to their content plus savefig.pad_inches, which must not
     push a 7.5 in figure past the column."""

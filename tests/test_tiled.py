@@ -376,7 +376,15 @@ def test_options_are_keyword_only():
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("i, j, block_size", [(11, 11, 4), (7, 10, 3), (10, 6, 4)])
+@pytest.mark.parametrize(
+    "i, j, block_size",
+    [
+        (10, 6, 4),
+        # more blocks and ragged edges: about a second of CPU each, for make test
+        pytest.param(11, 11, 4, marks=pytest.mark.slow),
+        pytest.param(7, 10, 3, marks=pytest.mark.slow),
+    ],
+)
 def test_gradcheck(is_causal, i, j, block_size):
     q, k, v = qkv(i, j, d=4, e=3, batch=(2,), grad=True)
     assert torch.autograd.gradcheck(

@@ -66,6 +66,7 @@ def _grads(out, inputs, seed=1):
     return torch.autograd.grad(out, inputs, upstream)
 
 
+@pytest.mark.slow  # Triton's interpreter: make test, not make check
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_output_and_gradients_equal_torch_sdpa(shape, is_causal, device):
@@ -77,6 +78,7 @@ def test_output_and_gradients_equal_torch_sdpa(shape, is_causal, device):
         torch.testing.assert_close(got, want, atol=GRAD_ATOL, rtol=RTOL)
 
 
+@pytest.mark.slow  # Triton's interpreter: make test, not make check
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_output_lse_and_gradients_equal_tiled_attention(shape, is_causal, device):
@@ -119,6 +121,7 @@ def test_block_size_does_not_change_the_result(device):
 HALF = [torch.float16] if INTERPRETED else [torch.float16, torch.bfloat16]
 
 
+@pytest.mark.slow  # Triton's interpreter: make test, not make check
 @pytest.mark.parametrize("half", HALF)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_half_precision_error_at_most_twice_torch_own(is_causal, half, device):
@@ -170,6 +173,7 @@ def _record_forward_tiles(i, j, block, is_causal):
     return visits
 
 
+@pytest.mark.slow  # Triton's interpreter: make test, not make check
 @pytest.mark.skipif(
     not INTERPRETED, reason="the recording wrapper needs the interpreter"
 )
@@ -218,6 +222,7 @@ def _launches(q, k, v, block):
     return launches
 
 
+@pytest.mark.slow  # Triton's interpreter: make test, not make check
 def test_launched_programs_match_the_grid_formulas(device):
     """Wrap the launch: the forward and the dQ and D kernels run one program per query
     block and batch·head, the dK/dV kernel one per key block and batch·head."""
@@ -329,6 +334,7 @@ def test_bad_input_is_refused_at_the_boundary(kwargs, error, message):
         flash_attention_triton(q, k, v, **args)
 
 
+@pytest.mark.slow  # Triton's interpreter: make test, not make check
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_grouped_query_heads_and_broadcast_batch_as_torch(is_causal, device):
     gen = torch.Generator().manual_seed(21)
