@@ -1,16 +1,17 @@
-"""Give every chapter the same first cell: install the course package where it is missing.
+"""Give every chapter the same first cell: install the course package where it is
+missing.
 
-On Colab (or any Jupyter without the course's environment) `attention` is not importable,
-so the chapter's first code cell installs it from the repository; in the course's own
-environment the cell does nothing and prints nothing. The cell is collapsed in the HTML
-book. `ATTENTION_COURSE_SOURCE` overrides where pip installs from (a local checkout, for
-tests/test_reader_launch.py).
+On Colab (or any Jupyter without the course's environment) `attention` is not
+importable, so the chapter's first code cell installs it from the repository; in the
+course's own environment the cell does nothing and prints nothing. The cell is collapsed
+in the HTML book. `ATTENTION_COURSE_SOURCE` overrides where pip installs from (a local
+checkout, for tests/test_reader_launch.py).
 
-The repository is named once, by `repository.url` in `_config.yml` (the book's launch and
-repository buttons read it too): after changing it, run this script and commit the chapters.
-pip keeps the reader's PyTorch when it is in the package's range (`torch>=2.13` in
-pyproject.toml), so on Colab the cell installs the course package beside the preinstalled
-PyTorch rather than over it.
+The repository is named once, by `repository.url` in `_config.yml` (the book's launch
+and repository buttons read it too): after changing it, run this script and commit the
+chapters. pip keeps the reader's PyTorch when it is in the package's range
+(`torch>=2.13` in pyproject.toml), so on Colab the cell installs the course package
+beside the preinstalled PyTorch rather than over it.
 
     .venv/bin/python scripts/colab_cell.py          # insert or update, in place
     .venv/bin/python scripts/colab_cell.py --check  # exit 1 if a chapter lacks it
@@ -40,7 +41,8 @@ def repository_url() -> str:
 
 REPOSITORY = repository_url()
 
-SOURCE = f"""# Running this chapter outside the course's environment (Colab, a bare Jupyter)?
+SOURCE = f"""\
+# Running this chapter outside the course's environment (Colab, a bare Jupyter)?
 # Then install the course package first; in the course's environment this does nothing.
 import importlib
 import importlib.util

@@ -14,9 +14,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "course"))
 torch.set_num_threads(1)
-# The Triton kernels (attention.efficient.triton_flash, an optional extra) run on a CPU only under
-# Triton's interpreter, which must be chosen before anything imports triton: some tests
-# import it indirectly (through torch) before tests/test_triton_flash.py runs.
+# The Triton kernels (attention.efficient.triton_flash, an optional extra) run on a CPU
+# only under Triton's interpreter, which must be chosen before anything imports triton:
+# some tests import it indirectly (through torch) before tests/test_triton_flash.py
+# runs.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -39,8 +40,8 @@ def qkv(
     ``(*batch, [h_kv,] j, e)``, drawn in that order from one seeded generator (float64).
 
     The one test helper for attention inputs (``from conftest import qkv``). ``h`` and
-    ``h_kv`` add a heads axis (``h_kv`` defaults to ``h``); ``size`` multiplies the queries
-    and keys (large logits); ``grad`` makes all three leaves that require grad.
+    ``h_kv`` add a heads axis (``h_kv`` defaults to ``h``); ``size`` multiplies the
+    queries and keys (large logits); ``grad`` makes all three leaves that require grad.
     """
     j = i if j is None else j
     heads_q = () if h is None else (h,)

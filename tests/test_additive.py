@@ -1,5 +1,6 @@
-"""Tests for attention.layers.additive: Bahdanau's AdditiveAttention and the multi-dimensional
-(feature-wise) attention, against manual formulas, einsum and autograd; bad input."""
+"""Tests for attention.layers.additive: Bahdanau's AdditiveAttention and the
+multi-dimensional (feature-wise) attention, against manual formulas, einsum and
+autograd; bad input."""
 
 import pytest
 import torch

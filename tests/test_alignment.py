@@ -1,4 +1,5 @@
-"""Tests for attention.layers.alignment: soft, hard, local and multi-dimensional alignment."""
+"""Tests for attention.layers.alignment: soft, hard, local and multi-dimensional
+alignment."""
 
 import math
 
@@ -205,7 +206,8 @@ def test_negative_half_width_is_rejected():
 def test_local_alignment_rejects_wrong_centre_shape():
     with pytest.raises(
         ValueError,
-        match=r"centre must hold one position per query, shape scores.shape\[:-1\] = \(2,\), got \(3,\)",
+        match=r"centre must hold one position per query, shape scores.shape\[:-1\] = "
+        r"\(2,\), got \(3,\)",
     ):
         local_alignment(randn(2, 5), torch.zeros(3, dtype=D64), 1.0)
 

@@ -164,7 +164,7 @@ def test_lsh_poisoned_other_bucket_is_ignored():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(40, 6, generator=g, dtype=torch.float64)
     v = torch.randn(40, 3, generator=g, dtype=torch.float64)
-    gen = lambda: torch.Generator().manual_seed(4)  # noqa: E731
+    gen = lambda: torch.Generator().manual_seed(4)
     b = lsh_buckets(x, 4, generator=gen())[0]
     v2 = v.clone()
     v2[b != b[0]] = 1e9
@@ -273,7 +273,7 @@ def test_lsh_keys_it_does_not_see_never_reach_a_query(poison):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(40, 6, generator=g, dtype=torch.float64)
     v = torch.randn(40, 3, generator=g, dtype=torch.float64)
-    gen = lambda: torch.Generator().manual_seed(4)  # noqa: E731
+    gen = lambda: torch.Generator().manual_seed(4)
     b = lsh_buckets(x, 4, generator=gen())[0]
     v2 = v.clone()
     v2[b != b[0]] = poison
@@ -299,7 +299,7 @@ def test_lsh_grouped_query_flag_is_accepted():
     torch.testing.assert_close(a, b)
 
 
-# --- Linformer ---------------------------------------------------------------------------
+# --- Linformer ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 37, 64])
@@ -337,7 +337,8 @@ def test_linformer_is_attention_over_projected_keys():
 
 
 def segment_mean(n, k):
-    """(k, n) projection averaging k contiguous segments of the sequence (k = n: identity)."""
+    """(k, n) projection averaging k contiguous segments of the sequence (k = n:
+    identity)."""
     E = torch.zeros(k, n, dtype=torch.float64)
     E[torch.arange(n) * k // n, torch.arange(n)] = 1.0
     return E / E.sum(dim=-1, keepdim=True)
@@ -438,7 +439,8 @@ def test_linformer_grouped_query_attention_and_empty_keys():
 
 
 def naive_lsh_sets(x, num_buckets, num_hashes, chunk_size, seed, is_causal):
-    """Each round's key set P_i^(r) by the docstring's steps 4-5, one query at a time."""
+    """Each round's key set P_i^(r) by the docstring's steps 4-5, one query at a
+    time."""
     n = x.shape[0]
     rounds = lsh_buckets(
         x, num_buckets, num_hashes, generator=torch.Generator().manual_seed(seed)

@@ -1,5 +1,6 @@
 """Bad input, class by class, for the names added with the position, memory-efficient,
-distributed and inference chapters, and the inputs an adversarial review found mishandled.
+distributed and inference chapters, and the inputs an adversarial review found
+mishandled.
 
 Each row: a call, the exception it must raise at the boundary and a pattern its message
 must match (naming the parameter and the rule). Silent results are tested too: NaN must
@@ -186,7 +187,8 @@ CASES = {
         TypeError,
         "shards must be a non-empty list or tuple",
     ),
-    # wrong value: negative sizes, odd sizes, non-positive or NaN bases and caps, windows
+    # wrong value: negative sizes, odd sizes, non-positive or NaN bases and caps,
+    # windows
     "sinusoidal_positions n negative": (
         lambda: sinusoidal_positions(-1, 4),
         ValueError,

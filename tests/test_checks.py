@@ -28,16 +28,16 @@ from attention.foundations import scaled_dot_product
 from attention.layers import additive, alignment
 
 f64 = torch.float64
-T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)  # noqa: E731
+T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)
 
 
-# ---------------------------------------------------------------- one masked softmax, one GQA
+# ---------------------------------------------------------- one masked softmax, one GQA
 
 
 def test_every_masked_softmax_of_the_package_behaves_as_torchs_sdpa_weights():
-    """The weights of the reference kernel, the multi-dimensional and the soft alignments
-    all follow one rule: torch's masked softmax, zeros for a row with no visible key (with
-    finite gradients), NaN for a NaN score even where masked."""
+    """The weights of the reference kernel, the multi-dimensional and the soft
+    alignments all follow one rule: torch's masked softmax, zeros for a row with no
+    visible key (with finite gradients), NaN for a NaN score even where masked."""
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 4, 5, dtype=f64, generator=g, requires_grad=True)
     mask = torch.rand(3, 4, 5, generator=g) > 0.4
@@ -112,7 +112,7 @@ def test_validate_attention_returns_the_scores_shape():
     assert validate_attention(T(3, 4), T(7, 4), T(7, 2)) == (3, 7)
 
 
-# ---------------------------------------------------------------- one test per class of bad input
+# ------------------------------------------------------ one test per class of bad input
 
 
 BAD = {

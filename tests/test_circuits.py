@@ -1,6 +1,6 @@
-"""Tests for attention.reading.circuits: circuits against the heads they factor (float64), scores
-against naive loops over queries and keys, the attention-only model against the package's
-MultiHeadAttention and autograd, and one test per bad input."""
+"""Tests for attention.reading.circuits: circuits against the heads they factor
+(float64), scores against naive loops over queries and keys, the attention-only model
+against the package's MultiHeadAttention and autograd, and one test per bad input."""
 
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ def test_induction_score_with_positions_per_sequence():
     positions = torch.tensor([[-1, -1, -1, 1, 2, -1, -1, -1], [-1] * 6 + [3, 4]])
     got = induction_score(w, positions)
     for a, b in itertools.product(range(2), range(3)):
-        targets = lambda i, a=a: [int(positions[a, i])] if positions[a, i] >= 0 else []  # noqa: E731
+        targets = lambda i, a=a: [int(positions[a, i])] if positions[a, i] >= 0 else []
         assert_close(got[a, b].item(), _naive_targets_score(w[a, b], targets))
     shared = induction_score(w, positions[0])  # (n,) shared by every map
     assert_close(shared[0], got[0])
@@ -367,7 +367,8 @@ def test_token_scores_against_loops(tokens, is_causal):
 
 
 def test_repeated_random_tokens_induction_equals_prefix_matching():
-    """On a sequence repeated with period p and no other duplicate, the two scores agree."""
+    """On a sequence repeated with period p and no other duplicate, the two scores
+    agree."""
     t = torch.randperm(6, generator=_gen(6))
     tokens = torch.cat([t, t])
     w = _maps(4, 12, 12, seed=7)

@@ -1,4 +1,5 @@
-"""Tests of attention/layers/cross_attention.py against the manual formulas and torch's SDPA."""
+"""Tests of attention/layers/cross_attention.py against the manual formulas and torch's
+SDPA."""
 
 import math
 
@@ -84,7 +85,8 @@ def test_padding_mask_of_the_context():
 
 
 def test_query_positions_are_independent():
-    """Each query row attends on its own: dropping a query does not change the others."""
+    """Each query row attends on its own: dropping a query does not change the
+    others."""
     m = make()
     xq, xc = torch.randn(6, 16, dtype=DT), torch.randn(8, 12, dtype=DT)
     torch.testing.assert_close(m(xq[:4], xc)[0], m(xq, xc)[0][:4])
@@ -129,7 +131,8 @@ def test_wrong_context_features():
 def test_wrong_dtype():
     with pytest.raises(
         TypeError,
-        match=r"x_context must have the dtype of the module\'s parameters \(torch.float64\)",
+        match=r"x_context must have the dtype of the module\'s parameters "
+        r"\(torch.float64\)",
     ):
         make()(torch.randn(6, 16, dtype=DT), torch.randn(8, 12))
 

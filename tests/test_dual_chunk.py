@@ -1,7 +1,7 @@
-"""Tests for attention.layers.dual_chunk: Dual Chunk Attention equals its dense masked form (three
-full score matrices, one per query position set, picked by the chunk relation), is plain
-causal RoPE attention up to s + w + 1 tokens, never uses a distance above s + w, and
-refuses bad input."""
+"""Tests for attention.layers.dual_chunk: Dual Chunk Attention equals its dense masked
+form (three full score matrices, one per query position set, picked by the chunk
+relation), is plain causal RoPE attention up to s + w + 1 tokens, never uses a distance
+above s + w, and refuses bad input."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _qkv(b, h, h_kv, i, j, d, e, seed=0):
 
 def _dense_dca(q, k, v, s, w, attn_mask=None):
     """The whole (i, j) score matrix at once: intra, successive and inter scores, chosen
-    per entry by the chunks of query and key, then the causal mask and a plain softmax."""
+    per entry by the chunks of query and key, then the causal mask and a plain
+    softmax."""
     i, j, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q_pos, k_pos = torch.arange(j - i, j), torch.arange(j)
     if q.shape[-3] != k.shape[-3]:  # grouped-query: repeat each key/value head
@@ -163,7 +164,8 @@ def test_positions_never_exceed_s_plus_w():
     )
     visible = k <= q
     assert int(used[visible].min()) == 0 and int(used[visible].max()) == 31  # s + w
-    # intra-chunk and the first w + 1 queries of the successive chunk keep the true distance
+    # intra-chunk and the first w + 1 queries of the successive chunk keep the true
+    # distance
     exact = (c_q == c_k) | ((c_q == c_k + 1) & (q % 24 <= 7))
     assert torch.equal(
         used[visible & exact], (q - k).expand(1000, 1000)[visible & exact]

@@ -1,8 +1,9 @@
-"""Tests for attention.course.example: the running example against the model's own outputs.
+"""Tests for attention.course.example: the running example against the model's own
+outputs.
 
-The token embeddings are checked against the tokenizer and the embedding table, the layer
-inputs against a separate ``transformers`` forward pass, and ``qkv`` against the model's
-``output_attentions`` (float32, ``atol=1e-5``). Skipped, with the reason, when
+The token embeddings are checked against the tokenizer and the embedding table, the
+layer inputs against a separate ``transformers`` forward pass, and ``qkv`` against the
+model's ``output_attentions`` (float32, ``atol=1e-5``). Skipped, with the reason, when
 ``transformers`` or the offline weights are missing; the network is never used.
 """
 
@@ -86,7 +87,8 @@ def test_hidden_states_match_an_independent_forward_pass(loaded):
     for layer, ref in enumerate(out.hidden_states):
         assert_close(special.hidden_states[layer], ref[0], **ATOL)
         assert_close(plain.hidden_states[layer], ref[0, 1:-1], **ATOL)
-    # hidden_states[0] is the embedding block's output, position included: the two "the" differ
+    # hidden_states[0] is the embedding block's output, position included: the two "the"
+    # differ
     assert not torch.allclose(
         plain.hidden_states[0, 0], plain.hidden_states[0, 6], atol=1e-3
     )

@@ -1,5 +1,5 @@
-"""Tests for attention.practice.head_stats: every statistic against a loop, its extremes, and the
-boundary checks (NaN propagates, positions must be ints in range)."""
+"""Tests for attention.practice.head_stats: every statistic against a loop, its
+extremes, and the boundary checks (NaN propagates, positions must be ints in range)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_sink_share_against_a_loop():
 def _js_distance_loop(p, q):
     """Jensen-Shannon distance in bits between two lists, term by term."""
     m = [(a + b) / 2 for a, b in zip(p, q, strict=True)]
-    kl = lambda x: sum(a * math.log2(a / c) for a, c in zip(x, m, strict=True) if a > 0)  # noqa: E731
+    kl = lambda x: sum(a * math.log2(a / c) for a, c in zip(x, m, strict=True) if a > 0)
     return math.sqrt(max(0.0, 0.5 * kl(p) + 0.5 * kl(q)))
 
 

@@ -1,5 +1,6 @@
-"""Tests for attention.layers.kv_cache and MultiHeadAttention's incremental decoding: prefill plus
-one-token steps equal full causal recomputation; bytes per token; cache misuse."""
+"""Tests for attention.layers.kv_cache and MultiHeadAttention's incremental decoding:
+prefill plus one-token steps equal full causal recomputation; bytes per token; cache
+misuse."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def test_chunked_prefill_uses_bottom_right_alignment(need_weights):
 
 
 def test_top_left_mask_on_a_chunk_would_be_wrong():
-    """The reason for bottom-right: a top-left mask hides cached keys from new queries."""
+    """The reason for bottom-right: a top-left mask hides cached keys from new
+    queries."""
     m = _module(6)
     x = torch.randn(1, 6, 24, dtype=DT)
     full, _ = m(x, x, x, is_causal=True)
@@ -289,7 +291,7 @@ def test_rejects_bad_constructor_arguments(kwargs, error, message):
         KVCache(**args)
 
 
-# ---------------------------------------------------------------- autograd, batch size, devices
+# -------------------------------------------------------- autograd, batch size, devices
 
 
 def test_a_cache_under_autograd_fails_at_update_not_at_backward():
@@ -348,7 +350,8 @@ def test_causal_pattern_is_the_bottom_right_causal_mask(cached, new):
 
 
 def _splits(n):
-    """Strategy: a prefill length >= 1 and the chunk lengths of the rest, summing to ``n``."""
+    """Strategy: a prefill length >= 1 and the chunk lengths of the rest, summing to
+    ``n``."""
 
     def chunks(rest):
         if rest == 0:

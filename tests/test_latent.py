@@ -1,4 +1,5 @@
-"""Tests for multi-head latent attention and its latent cache, against transformers' DeepseekV3."""
+"""Tests for multi-head latent attention and its latent cache, against transformers'
+DeepseekV3."""
 
 import pytest
 import torch
@@ -68,7 +69,8 @@ def test_equals_deepseek_v3_attention(q_lora_rank, interleave):
     assert mla.scale == pytest.approx(ref.scaling) == (6 + 4) ** -0.5
     x = torch.randn(2, 9, 32, dtype=D64)
     expected = _hf_forward(ref, x)
-    # transformers' RMSNorm computes in float32 whatever the input, hence 1e-5, not 1e-12
+    # transformers' RMSNorm computes in float32 whatever the input, hence 1e-5, not
+    # 1e-12
     for absorb in (False, True):
         out, weights = mla(x, absorb=absorb)
         assert weights is None

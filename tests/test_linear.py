@@ -1,5 +1,6 @@
-"""Tests for attention/efficient/linear.py and attention/efficient/feature_maps.py: the chunked and recurrent
-forms equal the naive quadratic form, and the contract's boundary checks."""
+"""Tests for attention/efficient/linear.py and attention/efficient/feature_maps.py: the
+chunked and recurrent forms equal the naive quadratic form, and the contract's boundary
+checks."""
 
 import math
 
@@ -29,7 +30,7 @@ def grads(out, inputs, seed=1):
     return torch.autograd.grad((out * weight).sum(), inputs)
 
 
-# ----------------------------------------------------------------------------- feature maps
+# ------------------------------------------------------------------------- feature maps
 
 
 def test_elu_feature_map_is_elu_plus_one_and_positive():
@@ -61,7 +62,8 @@ def test_random_features_are_reproducible_and_positive():
 
 @pytest.mark.parametrize("orthogonal", [True, False])
 def test_random_features_approximate_the_softmax_kernel(orthogonal):
-    # E[phi(q) . phi(k)] = exp(q . k / sqrt(d)); with many features the average is close.
+    # E[phi(q) . phi(k)] = exp(q . k / sqrt(d)); with many features the average is
+    # close.
     d = 4
     phi = random_feature_map(
         d, 20000, generator=torch.Generator().manual_seed(0), orthogonal=orthogonal
@@ -88,7 +90,7 @@ def test_random_feature_map_rejects_wrong_input_size():
         phi(torch.zeros(2, 3))
 
 
-# ----------------------------------------------------------------------------- naive form
+# --------------------------------------------------------------------------- naive form
 
 
 def test_naive_equals_explicit_kernel_formula():
@@ -132,7 +134,7 @@ def test_eps_sits_in_the_denominator():
     torch.testing.assert_close(w1, w0 * den / (den + 0.5))
 
 
-# ----------------------------------------------------------------------------- fast == naive
+# ------------------------------------------------------------------------ fast == naive
 
 LENGTHS = [1, 2, 37, 64, 130]
 CHUNKS = [1, 7, 16, 64]
@@ -253,7 +255,7 @@ def test_no_quadratic_intermediate():
     assert out.shape == (4096, 4)
 
 
-# ----------------------------------------------------------------------------- recurrent step
+# ----------------------------------------------------------------------- recurrent step
 
 
 @pytest.mark.parametrize("feature_map", [None, relu_feature_map])
@@ -299,7 +301,7 @@ def test_step_accepts_a_length_one_axis():
     )
 
 
-# ----------------------------------------------------------------------------- bad input
+# ---------------------------------------------------------------------------- bad input
 
 
 @pytest.mark.parametrize("chunk_size", [0, -3])
@@ -400,7 +402,7 @@ def test_step_rejects_bad_state():
         linear_attention_step(q[1], k[1, :7], v[1])
 
 
-# ----------------------------------------------------------------------------- the contract
+# ------------------------------------------------------------------------- the contract
 
 
 @pytest.mark.parametrize("fn", [linear_attention, linear_attention_naive])
@@ -609,12 +611,13 @@ def test_eps_is_a_real_number_of_any_size():
         linear_attention(q, k, v, eps=float("nan"))
 
 
-# ----------------------------------------------------------------------------- decay, Lightning
+# --------------------------------------------------------------------- decay, Lightning
 
 
 def decayed_loop(query, key, value, log_decay, feature_map, normalize, eps=1e-6):
-    """o_i = sum_{j <= i} lambda^(i - j) phi(q_i).phi(k_j) v_j (/ the same sum of phi(q_i).phi(k_j)),
-    one query and one key at a time: the independent reference of the decayed forms."""
+    """o_i = sum_{j <= i} lambda^(i - j) phi(q_i).phi(k_j) v_j (/ the same sum of
+    phi(q_i).phi(k_j)), one query and one key at a time: the independent reference of
+    the decayed forms."""
     phi_q, phi_k = feature_map(query), feature_map(key)
     out = torch.zeros(*query.shape[:-1], value.shape[-1], dtype=query.dtype)
     lam = log_decay.exp()[:, None]  # (h, 1)

@@ -1,4 +1,5 @@
-"""Tests for soft-capping and QK-norm against their formulas and transformers' Gemma 2 / Qwen3."""
+"""Tests for soft-capping and QK-norm against their formulas and transformers' Gemma 2 /
+Qwen3."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Tests for attention/foundations/masks.py: every builder against a naive double loop."""
+"""Tests for attention/foundations/masks.py: every builder against a naive double
+loop."""
 
 import pytest
 import torch
@@ -120,7 +121,7 @@ def test_shape_broadcasting_rule_matches_torch():
         assert _broadcast(a, b) == expected
 
 
-# ---------------------------------------------------------------- left padding, packed sequences
+# ------------------------------------------------------- left padding, packed sequences
 
 
 def test_left_padding_puts_the_real_tokens_at_the_end():

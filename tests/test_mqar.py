@@ -1,4 +1,5 @@
-"""Tests for attention/efficient/mqar.py: the layout of multi-query associative recall batches."""
+"""Tests for attention/efficient/mqar.py: the layout of multi-query associative recall
+batches."""
 
 import pytest
 import torch

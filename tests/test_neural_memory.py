@@ -1,5 +1,6 @@
-"""Tests for attention/efficient/neural_memory.py: the identity with the gated delta rule, the hand-written
-gradients against autograd, Titans' update against a reference loop, and the boundary checks."""
+"""Tests for attention/efficient/neural_memory.py: the identity with the gated delta
+rule, the hand-written gradients against autograd, Titans' update against a reference
+loop, and the boundary checks."""
 
 import pytest
 import torch
@@ -22,7 +23,8 @@ def data(n=9, d=4, e=3, batch=(2,), seed=0):
 
 
 def test_linear_memory_without_momentum_is_the_gated_delta_rule():
-    """beta = theta, exp(g) = 1 - alpha, scale = 1, state = W^T (the documented mapping)."""
+    """beta = theta, exp(g) = 1 - alpha, scale = 1, state = W^T (the documented
+    mapping)."""
     q, k, v, theta, alpha = data()
     mem = NeuralMemory(4, 3, dtype=F64)
     out = mem(q, k, v, learning_rate=theta, forgetting=alpha)
@@ -50,7 +52,8 @@ def test_titans_order_differs_unless_nothing_is_forgotten():
 
 
 def titans_reference(mem, keys, values, theta, eta, alpha, gradient_at):
-    """Titans' update with autograd computing the surprise: one sample per step, batch of 1."""
+    """Titans' update with autograd computing the surprise: one sample per step, batch
+    of 1."""
     weights = [w.detach().clone() for w in mem.weights]
     momentum = [torch.zeros_like(w) for w in weights]
     for t in range(keys.shape[-2]):

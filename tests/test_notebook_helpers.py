@@ -168,7 +168,8 @@ def test_benchmark_machine_reads_older_stamps():
     }
     assert (
         benchmark_machine(old)
-        == "Old, 4 cores, 2 threads, OpenMP passive, torch 1.0, 2020-01-01, load 1.00 -> ? (quiet)"
+        == "Old, 4 cores, 2 threads, OpenMP passive, torch 1.0, 2020-01-01, "
+        "load 1.00 -> ? (quiet)"
     )
     bare = {
         "stamp": {

@@ -38,7 +38,8 @@ def test_stored_executed_top_to_bottom(path):
         f"{path.name}: {counts.count(None)} code cells stored unexecuted"
     )
     assert counts == list(range(1, len(counts) + 1)), (
-        f"{path.name}: execution counts {counts} are not 1..n; re-run it top to bottom in a fresh kernel"
+        f"{path.name}: execution counts {counts} are not 1..n; re-run it top to "
+        "bottom in a fresh kernel"
     )
 
 
@@ -61,7 +62,8 @@ def test_outputs_are_clean(path):
                 and "/home/" not in text
                 and "site-packages" not in text
             ), (
-                f"{path.name} cell {n}: an absolute path in an output differs between machines"
+                f"{path.name} cell {n}: an absolute path in an output differs "
+                "between machines"
             )
 
 
@@ -133,9 +135,9 @@ def test_every_chapter_is_in_the_table_of_contents_and_vice_versa():
     assert listed == on_disk
 
 
-# --- Outputs that are the same on every machine -------------------------------------------
-# A compared output (a cell not tagged nbval-ignore-output) must not depend on the CPU, the
-# BLAS code path, the thread count or flush-to-zero. These patterns catch what does.
+# --- Outputs that are the same on every machine ---------------------------------------
+# A compared output (a cell not tagged nbval-ignore-output) must not depend on the CPU,
+# the BLAS code path, the thread count or flush-to-zero. These patterns catch what does.
 ROUNDING_ERROR = re.compile(
     r"(?<![\w.])\d\.\d+e-(0[5-9]|[1-9]\d)\b"
 )  # 6.66e-16, 4.8e-07
@@ -168,8 +170,9 @@ def test_compared_outputs_hold_no_machine_dependent_numbers(path):
         ):
             hit = pattern.search(text)
             assert hit is None, (
-                f"{path.name} code cell {n} prints {what} ({hit.group()}): it changes with the "
-                "CPU or summation order; print the bound you assert (attention.report_close)"
+                f"{path.name} code cell {n} prints {what} ({hit.group()}): it "
+                "changes with the CPU or summation order; print the bound you assert "
+                "(attention.report_close)"
             )
 
 
@@ -186,7 +189,7 @@ def test_the_pattern_catches_what_it_should():
     assert not TINY_LITERAL.search("agree within 1e-12")
 
 
-# --- Figures sized for the column and sharp on high-density screens -----------------------
+# --- Figures sized for the column and sharp on high-density screens -------------------
 COLUMN_CSS_PX = 750  # the book's content column
 MIN_DENSITY = 1.5  # device pixels per CSS pixel
 
@@ -214,13 +217,15 @@ def test_figures_fit_the_column_and_are_sharp(path):
             f"~{COLUMN_CSS_PX} px column; make it at most 7.5 in wide"
         )
         assert width / css >= MIN_DENSITY, (
-            f"{path.name} code cell {n}: {width / css:.1f} device px per CSS px; store it "
+            f"{path.name} code cell {n}: {width / css:.1f} device px per CSS px; "
+            "store it "
             "retina (setup_notebook does) so it is sharp on high-density screens"
         )
 
 
 def test_every_chapter_opens_with_the_colab_install_cell():
-    """Launched on Colab, a chapter must install the course package before importing it."""
+    """Launched on Colab, a chapter must install the course package before importing
+    it."""
     import subprocess
     import sys
 

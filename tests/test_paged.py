@@ -1,4 +1,5 @@
-"""Tests for the paged KV cache: block bookkeeping, equality with contiguous caches, errors."""
+"""Tests for the paged KV cache: block bookkeeping, equality with contiguous caches,
+errors."""
 
 import random
 
@@ -13,7 +14,8 @@ D64 = torch.float64
 
 
 def _fill(cache, lengths, h_kv, d, *, chunks=3, seed=0):
-    """Grow several sequences interleaved, in uneven chunks; return their contiguous copies."""
+    """Grow several sequences interleaved, in uneven chunks; return their contiguous
+    copies."""
     g = torch.Generator().manual_seed(seed)
     ids = [cache.add_sequence() for _ in lengths]
     full = {

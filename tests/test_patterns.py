@@ -112,8 +112,8 @@ def test_bigbird_mask_is_window_global_plus_random_blocks(
 
 
 def test_bigbird_random_keys_are_new_keys():
-    # the random keys never repeat a window or global key: every row that is not global and
-    # whose window lies inside the sequence keeps exactly (2w + 1 + g + r) keys
+    # the random keys never repeat a window or global key: every row that is not global
+    # and whose window lies inside the sequence keeps exactly (2w + 1 + g + r) keys
     n, w, g, r = 64, 2, 1, 3
     m = bigbird_mask(n, w, g, r, seed=0)
     rows = m[g + w : n - w].sum(
@@ -147,8 +147,8 @@ def test_block_sparse_mask_default_and_rectangular():
 
 @given(n=st.integers(1, 40), w=st.integers(0, 10), b=st.integers(1, 8))
 def test_local_global_layout_expands_to_the_element_pattern(n, w, b):
-    # a block layout with window w blocks and one global block, expanded with block_size 1,
-    # is global_tokens_mask on the blocks
+    # a block layout with window w blocks and one global block, expanded with block_size
+    # 1, is global_tokens_mask on the blocks
     layout = local_global_layout(n, w, 1)
     assert torch.equal(layout, global_tokens_mask(n, w, [0]))
     assert torch.equal(
@@ -159,7 +159,7 @@ def test_local_global_layout_expands_to_the_element_pattern(n, w, b):
     assert elements.shape == (n * b, n * b) and elements[0].all()
 
 
-# --- bad input: one test per rule, matching the message ---------------------------------
+# --- bad input: one test per rule, matching the message -------------------------------
 
 
 def test_negative_window_is_rejected():
@@ -217,7 +217,7 @@ def test_block_layout_must_be_boolean_2d():
         block_sparse_mask(torch.ones(2, dtype=torch.bool), 4)
 
 
-# --- window conventions: (left, right), rectangular, flash-attn, Hugging Face -------------
+# --- window conventions: (left, right), rectangular, flash-attn, Hugging Face ---------
 
 
 @given(
@@ -280,7 +280,8 @@ def test_huge_sizes_are_clamped():
 def test_is_causal_needs_a_square_mask():
     with pytest.raises(
         ValueError,
-        match=r"is_causal=True needs as many queries as keys here, got i=2 and j=5; .* window=\(left, 0\)",
+        match=r"is_causal=True needs as many queries as keys here, got i=2 and j=5; "
+        r".* window=\(left, 0\)",
     ):
         sliding_window_mask(2, 1, j=5, is_causal=True)
 

@@ -79,7 +79,8 @@ def test_plot_attention_rejects_bad_input():
         plot_attention(torch.zeros(3, 3, device="meta"))
     with pytest.raises(
         TypeError,
-        match="query_labels must be a sequence of strings, one per position, got Tensor",
+        match="query_labels must be a sequence of strings, one per position, "
+        "got Tensor",
     ):
         plot_attention(
             torch.zeros(3, 3), torch.ones(3, 3, dtype=torch.bool)
@@ -261,8 +262,8 @@ def test_use_course_style_sets_the_shared_style():
 
 @pytest.mark.slow  # renders figures: make test, not make check
 def test_a_full_width_figure_stays_within_the_column_once_cropped():
-    """Inline figures are cropped to their content plus savefig.pad_inches, which must not
-    push a 7.5 in figure past the column."""
+    """Inline figures are cropped to their content plus savefig.pad_inches, which must
+    not push a 7.5 in figure past the column."""
     from IPython.core.pylabtools import print_figure
 
     for fig in (

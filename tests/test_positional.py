@@ -1,7 +1,7 @@
-"""Tests for attention.layers.positional: each encoding against its formula in float64 and against
-the implementations readers meet elsewhere (Hugging Face's Llama rotary code and T5's
-buckets, Meta's complex-number RoPE written out here, the ALiBi paper's slope rule), the
-relative property of RoPE as a property test, and the boundary errors."""
+"""Tests for attention.layers.positional: each encoding against its formula in float64
+and against the implementations readers meet elsewhere (Hugging Face's Llama rotary code
+and T5's buckets, Meta's complex-number RoPE written out here, the ALiBi paper's slope
+rule), the relative property of RoPE as a property test, and the boundary errors."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_sinusoidal_positions_default_dtype_and_empty_shapes():
 
 
 def test_sinusoidal_shift_is_one_rotation_for_every_position():
-    # PE[p + m] = M_m PE[p] with M_m block-diagonal 2x2 rotations that do not depend on p
+    # PE[p + m] = M_m PE[p] with M_m block-diagonal 2x2 rotations that do not depend on
+    # p
     n, d, m = 40, 8, 5
     pe = sinusoidal_positions(n + m, d, dtype=DT)
     theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=DT) / d)
@@ -135,7 +136,8 @@ def test_rope_frequencies_match_transformers_scalings(
     if rope_type == "linear":
         theirs, _ = ROPE_INIT_FUNCTIONS["linear"](config, None)
         ours = rope_frequencies(16, scaling={"type": "linear", "factor": factor})
-    else:  # dynamic NTK at seq_len L: a static NTK factor of factor * L / 32 - (factor - 1)
+    else:
+        # dynamic NTK at seq_len L: a static NTK factor, factor * L / 32 - (factor - 1)
         theirs, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, None, seq_len=seq_len)
         assert factor * seq_len / 32 - (factor - 1) == ntk_factor
         ours = rope_frequencies(16, scaling={"type": "ntk", "factor": ntk_factor})
@@ -471,11 +473,12 @@ def test_unusable_bucket_settings_are_refused():
         relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=8)
 
 
-# ---------------------------------------------------------------- MultiHeadAttention(rope=...)
+# --------------------------------------------------------- MultiHeadAttention(rope=...)
 
 
 def _llama_and_ours(num_heads=4, num_kv_heads=2, head_dim=8, seed=0):
-    """A Hugging Face LlamaAttention (tiny config, random weights) and our module with its weights."""
+    """A Hugging Face LlamaAttention (tiny config, random weights) and our module with
+    its weights."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import (
         LlamaAttention,
@@ -539,7 +542,8 @@ def test_rope_multihead_attention_equals_hugging_face_llama_attention():
     position_ids = torch.arange(9)[None].expand(2, 9)
     with torch.no_grad():
         out, _ = ours(x, x, x, is_causal=True)
-    # Hugging Face's rotary class computes the angles in float32: float32-sized differences
+    # Hugging Face's rotary class computes the angles in float32: float32-sized
+    # differences
     assert_close(
         out,
         _llama_forward(llama, x, position_ids, rotary(x, position_ids)),

@@ -1,9 +1,10 @@
-"""Tests for attention.practice.pretrained: the loader's three paths and the rebuilt attention of
-all-MiniLM-L6-v2 against the model's own outputs (the statistics: test_head_stats.py).
+"""Tests for attention.practice.pretrained: the loader's three paths and the rebuilt
+attention of all-MiniLM-L6-v2 against the model's own outputs (the statistics:
+test_head_stats.py).
 
-The parity checks run in float32 (the model's dtype) at ``atol=1e-5, rtol=0``. Tests that
-need ``transformers`` are skipped, with the reason, when it is not installed; the ones
-that need the weights use the offline package and never touch the network.
+The parity checks run in float32 (the model's dtype) at ``atol=1e-5, rtol=0``. Tests
+that need ``transformers`` are skipped, with the reason, when it is not installed; the
+ones that need the weights use the offline package and never touch the network.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def _no_network(*args, **kwargs):
 
 @pytest.fixture(scope="module")
 def minilm():
-    """The real model and tokenizer, loaded once, with every socket connection refused."""
+    """The real model and tokenizer, loaded once, with every socket connection
+    refused."""
     if not HAS_TRANSFORMERS:
         pytest.skip(
             "transformers is not installed: pip install 'attention-course[pretrained]'"
@@ -77,7 +79,8 @@ def traces(minilm):
 
 
 class _Recorder:
-    """Stands in for ``AutoModel`` / ``AutoTokenizer``: records calls, returns or raises."""
+    """Stands in for ``AutoModel`` / ``AutoTokenizer``: records calls, returns or
+    raises."""
 
     def __init__(self, result=None, error=None):
         self.calls, self.result, self.error = [], result, error
@@ -216,7 +219,7 @@ def test_bad_attn_implementation():
         load_minilm(attn_implementation="flash")
 
 
-# --------------------------------------------------------------------------- reading maps
+# ------------------------------------------------------------------------- reading maps
 
 
 @needs_transformers
@@ -286,8 +289,9 @@ def test_token_position():
 
 
 def _capture(model, tokenizer, texts, layer):
-    """The model's own intermediate tensors of ``layer``: its input, the attention weights,
-    the output projection (before dropout, residual and LayerNorm) and the block output."""
+    """The model's own intermediate tensors of ``layer``: its input, the attention
+    weights, the output projection (before dropout, residual and LayerNorm) and the
+    block output."""
     block = model.encoder.layer[layer].attention
     seen = {}
     hooks = [
@@ -346,7 +350,8 @@ def test_multihead_attention_rebuilds_the_layer(minilm, layer, need_weights):
         out, ours = mha(
             hidden, hidden, hidden, attn_mask=keep, need_weights=need_weights
         )
-    # The comparison point: BertSelfOutput.dense, before dropout, the residual and LayerNorm.
+    # The comparison point: BertSelfOutput.dense, before dropout, the residual and
+    # LayerNorm.
     assert_close(out, seen["dense"], **ATOL)
     # The whole BERT attention block: add the residual and apply the model's LayerNorm.
     block = model.encoder.layer[layer].attention
@@ -397,7 +402,8 @@ def test_rebuild_refuses_another_dtype_or_device(minilm):
     model, _ = minilm
     with pytest.raises(
         TypeError,
-        match="model_weights and hidden_states must share a dtype, got torch.float32 and torch.float64",
+        match="model_weights and hidden_states must share a dtype, "
+        "got torch.float32 and torch.float64",
     ):
         minilm_attention_weights(model, 0, torch.zeros(3, 384, dtype=torch.float64))
     with pytest.raises(

@@ -1,4 +1,5 @@
-"""Tests for attention/foundations/scaled_dot_product.py against torch's fused SDPA, in float64."""
+"""Tests for attention/foundations/scaled_dot_product.py against torch's fused SDPA, in
+float64."""
 
 import itertools
 import math
@@ -21,7 +22,7 @@ def rand(*shape, g):
 def random_case(seed):
     """A random shape/mask/scale/GQA configuration, reproducible from its seed."""
     g = torch.Generator().manual_seed(seed)
-    r = lambda n: int(torch.randint(1, n + 1, (1,), generator=g))  # noqa: E731
+    r = lambda n: int(torch.randint(1, n + 1, (1,), generator=g))
     batch = [r(3) for _ in range(r(3) - 1)]  # 0-2 leading batch dims
     hk = r(3)
     groups = r(3)
@@ -180,7 +181,7 @@ def test_adding_a_constant_to_every_score_of_a_row_changes_nothing(params, c):
     )
 
 
-T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)  # noqa: E731
+T = lambda *s, dtype=f64: torch.zeros(*s, dtype=dtype)
 BAD = {
     "query not a tensor": (
         lambda: scaled_dot_product_attention([[1.0]], T(2, 2), T(2, 2)),
@@ -219,7 +220,8 @@ BAD = {
     "batch": (
         lambda: scaled_dot_product_attention(T(2, 3, 4), T(3, 5, 4), T(3, 5, 2)),
         ValueError,
-        r"batch dims of query, key and value must broadcast .* got \(2,\) and \(3,\) and \(3,\)",
+        r"batch dims of query, key and value must broadcast .* "
+        r"got \(2,\) and \(3,\) and \(3,\)",
     ),
     "mask shape": (
         lambda: scaled_dot_product_attention(

@@ -1,4 +1,5 @@
-"""Tests for attention.layers.scoring: every score against its formula, gradients, masks, bad input."""
+"""Tests for attention.layers.scoring: every score against its formula, gradients,
+masks, bad input."""
 
 import math
 
@@ -35,7 +36,7 @@ def qk(b=2, i=3, j=5, d_q=4, d_k=4, seed=0):
     )
 
 
-# ---------------------------------------------------------------- formulas, float64 einsum
+# ------------------------------------------------------------- formulas, float64 einsum
 
 
 def test_dot_matches_einsum():
@@ -215,7 +216,10 @@ def test_gradcheck_learnable_scores(module):
 
 
 def test_unknown_activation_lists_allowed_names():
-    msg = r"activation must be one of 'identity', 'relu', 'sigmoid', 'tanh' or None, got 'gelu'"
+    msg = (
+        r"activation must be one of 'identity', 'relu', 'sigmoid', 'tanh' or None, "
+        r"got 'gelu'"
+    )
     with pytest.raises(ValueError, match=msg):
         get_activation("gelu")
     with pytest.raises(ValueError, match=msg):
@@ -269,7 +273,7 @@ def test_bad_sizes_in_constructor():
         AdditiveScore(3, 5, 0)
 
 
-# ---------------------------------------------------------------- one test per class of bad input
+# ------------------------------------------------------ one test per class of bad input
 
 
 @pytest.mark.parametrize(

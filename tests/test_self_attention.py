@@ -1,4 +1,5 @@
-"""Tests of attention/layers/self_attention.py against the manual formulas and torch's SDPA."""
+"""Tests of attention/layers/self_attention.py against the manual formulas and torch's
+SDPA."""
 
 import math
 
@@ -36,7 +37,8 @@ def manual(module, x, mask=None):
 
 
 def test_walkthrough_values():
-    """Raschka's walk-through: the module reproduces omega_2 and the weights of token 2."""
+    """Raschka's walk-through: the module reproduces omega_2 and the weights of token
+    2."""
     sentence = "Life is short, eat dessert first".replace(",", "").split()
     vocab = {s: i for i, s in enumerate(sorted(sentence))}
     torch.manual_seed(123)
@@ -168,7 +170,8 @@ def test_wrong_feature_size():
 def test_wrong_dtype():
     with pytest.raises(
         TypeError,
-        match=r"x must have the dtype of the module\'s parameters \(torch.float64\), got torch.float32",
+        match=r"x must have the dtype of the module\'s parameters \(torch.float64\), "
+        r"got torch.float32",
     ):
         make()(torch.randn(6, 16))
 

@@ -1,4 +1,5 @@
-"""Tests of attention/layers/seq2seq.py: the reversal data, the masks, the model and training."""
+"""Tests of attention/layers/seq2seq.py: the reversal data, the masks, the model and
+training."""
 
 import pytest
 import torch

@@ -1,10 +1,11 @@
-"""Tests for attention/efficient/sparse.py: each kernel equals dense attention with its mask.
+"""Tests for attention/efficient/sparse.py: each kernel equals dense attention with its
+mask.
 
 Reference: the materialising ``attention.scaled_dot_product_attention`` (and PyTorch's
 ``scaled_dot_product_attention``) with ``sliding_window_mask`` / ``block_sparse_mask``
 (True = may attend), in float64, for the outputs and for the gradients of query, key and
-value. The CPU fast path of block-sparse attention (``attention.efficient._sparse_cpu``) is
-tested in tests/test_sparse_cpu.py.
+value. The CPU fast path of block-sparse attention (``attention.efficient._sparse_cpu``)
+is tested in tests/test_sparse_cpu.py.
 """
 
 import pytest
@@ -47,7 +48,7 @@ def random_layout(rows, cols, seed, p=0.4):
     return torch.rand(rows, cols, generator=torch.Generator().manual_seed(seed)) < p
 
 
-# --- sliding window ----------------------------------------------------------------------
+# --- sliding window -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 2, 37, 130])
@@ -177,7 +178,7 @@ def test_sliding_window_float32_matches_torch():
     )
 
 
-# --- block sparse ------------------------------------------------------------------------
+# --- block sparse ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 37, 130])
@@ -314,7 +315,7 @@ def test_block_sparse_property(i, j, block, seed, is_causal):
     )
 
 
-# --- what a query may not see never reaches it; NaN it may see propagates ------------------
+# --- what a query may not see never reaches it; NaN it may see propagates -------------
 
 
 POISON = [float("nan"), float("inf"), -float("inf"), 1e300]
@@ -337,8 +338,9 @@ def test_sliding_window_values_outside_the_window_never_reach_a_row(poison, wind
 @pytest.mark.parametrize("poison", POISON)
 @pytest.mark.parametrize("window", [7, (7, 0), (2, 9)])
 def test_sliding_window_non_finite_keys_follow_the_dense_reference(poison, window):
-    """The package's one rule for scores: a NaN or +inf score poisons its row even where the
-    key is hidden (as torch adds the mask); finite scores of hidden keys change nothing."""
+    """The package's one rule for scores: a NaN or +inf score poisons its row even where
+    the key is hidden (as torch adds the mask); finite scores of hidden keys change
+    nothing."""
     n, bad = 60, 41
     q, k, v = qkv(n, batch=(1, 2), grad=False)
     k2 = k.clone()
@@ -470,7 +472,7 @@ def test_nan_query_and_scale_propagate_as_in_torch():
     assert sliding_window_attention(q, k, v, window=2, scale=float("nan")).isnan().all()
 
 
-# --- sizes: huge ones clamped, empty axes and d = 0 as torch ---------------------------
+# --- sizes: huge ones clamped, empty axes and d = 0 as torch --------------------------
 
 
 def test_huge_sizes_are_clamped():
@@ -525,7 +527,7 @@ def test_zero_head_size_behaves_as_torch():
     )
 
 
-# --- bad input: one test per class ------------------------------------------------------
+# --- bad input: one test per class ----------------------------------------------------
 
 
 KERNELS = {

@@ -1,4 +1,5 @@
-"""Tests for attention/efficient/_sparse_cpu.py, the CPU fast path of block-sparse attention.
+"""Tests for attention/efficient/_sparse_cpu.py, the CPU fast path of block-sparse
+attention.
 
 It must give the dense reference's result for any layout it takes, be the path that
 ``block_sparse_attention`` takes for CPU inference, and step aside (return ``None``)

@@ -1,4 +1,5 @@
-"""Tests for attention/efficient/tiled.py: the online softmax and tiled attention equal the dense reference."""
+"""Tests for attention/efficient/tiled.py: the online softmax and tiled attention equal
+the dense reference."""
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ def grads(out, inputs, seed=1):
     return torch.autograd.grad((out * weight).sum(), inputs)
 
 
-# ----------------------------------------------------------------------------- online softmax
+# ----------------------------------------------------------------------- online softmax
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 7, 100])
@@ -79,7 +80,7 @@ def test_online_softmax_rejects_bad_block_size():
         online_softmax(torch.zeros(3), block_size=0)
 
 
-# ----------------------------------------------------------------------------- tiled == reference
+# ------------------------------------------------------------------- tiled == reference
 
 LENGTHS = [1, 2, 37, 64, 130]
 BLOCKS = [1, 7, 16, 64]
@@ -179,7 +180,7 @@ def test_property_tiled_equals_reference(i, j, block_size, is_causal, seed):
     )
 
 
-# ----------------------------------------------------------------------------- log-sum-exp
+# -------------------------------------------------------------------------- log-sum-exp
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -285,7 +286,7 @@ def test_masked_keys_poisoned_with_huge_values_change_nothing():
     )
 
 
-# ----------------------------------------------------------------------------- bad input
+# ---------------------------------------------------------------------------- bad input
 
 
 @pytest.mark.parametrize("block_size", [0, -1])
@@ -372,7 +373,7 @@ def test_options_are_keyword_only():
         tiled_attention(q, k, v, None)
 
 
-# ----------------------------------------------------------------------------- the recomputing backward
+# ------------------------------------------------------------- the recomputing backward
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -401,7 +402,7 @@ def test_gradcheck_masks_scale_broadcast_and_gqa():
     mask = torch.rand(2, 9, 10, generator=g) > 0.4
     mask[1, 2] = False  # a query with no visible key
     bias = torch.randn(1, 9, 10, generator=g, dtype=F64)
-    check = lambda fn, *inputs: torch.autograd.gradcheck(fn, inputs, fast_mode=True)  # noqa: E731
+    check = lambda fn, *inputs: torch.autograd.gradcheck(fn, inputs, fast_mode=True)
     for kwargs in ({"attn_mask": mask}, {"attn_mask": bias, "scale": 0.4}):
         assert check(
             lambda q, k, v, kw=kwargs: tiled_attention(q, k, v, block_size=3, **kw),
@@ -526,7 +527,7 @@ def test_gradient_through_lse_only():
     assert (ga[2] == 0).all()  # the lse does not depend on the values
 
 
-# ----------------------------------------------------------------------------- edge input as torch
+# ------------------------------------------------------------------ edge input as torch
 
 
 def test_nan_propagates_as_in_torch():

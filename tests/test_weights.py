@@ -1,9 +1,9 @@
-"""Tests for attention/reading/weights.py: sparsemax, 1.5-entmax, sigmoid, differential attention
-and attention-weight refinement.
+"""Tests for attention/reading/weights.py: sparsemax, 1.5-entmax, sigmoid, differential
+attention and attention-weight refinement.
 
 References: the ``entmax`` package (Peters, Niculae and Correia's implementation), naive
-closed forms written here from the papers' equations, autograd through those closed forms,
-``gradcheck`` in float64, and the package's softmax attention.
+closed forms written here from the papers' equations, autograd through those closed
+forms, ``gradcheck`` in float64, and the package's softmax attention.
 """
 
 import math
@@ -31,7 +31,8 @@ entmax_package = pytest.importorskip(
 
 # ---------------------------------------------------------------- naive references
 def sparsemax_closed_form(z):
-    """Martins & Astudillo (2016), Algorithm 1, with differentiable operations on a 1-d z."""
+    """Martins & Astudillo (2016), Algorithm 1, with differentiable operations on a 1-d
+    z."""
     ordered, _ = torch.sort(z, descending=True)
     k = torch.arange(1, z.numel() + 1, dtype=z.dtype)
     cumulative = ordered.cumsum(0)
@@ -274,7 +275,7 @@ def test_sigmoid_attention_refuses_bad_input():
         )
 
 
-# ---------------------------------------------------------------- differential attention
+# --------------------------------------------------------------- differential attention
 def test_differential_attention_is_the_difference_of_two_softmax_attentions():
     q1, k1, v = _qkv(seed=2, e=8)
     q2, k2, _ = _qkv(seed=3, e=8)
@@ -351,9 +352,9 @@ def test_differential_module_equals_its_formula_and_is_causal():
 def _diffllama_from(layer, layer_index):
     """Hugging Face's DiffLlamaAttention holding ``layer``'s weights, heads re-ordered.
 
-    Our query/key rows are (head n, map p) in the order n·2 + p; DiffLlama's 2h softmax heads
-    put map 1 in the first h and map 2 in the last h (head p·h + n). Our value of head n (2d
-    channels) is DiffLlama's value heads n and n + h side by side.
+    Our query/key rows are (head n, map p) in the order n·2 + p; DiffLlama's 2h softmax
+    heads put map 1 in the first h and map 2 in the last h (head p·h + n). Our value of
+    head n (2d channels) is DiffLlama's value heads n and n + h side by side.
     """
     transformers = pytest.importorskip("transformers")
     from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention

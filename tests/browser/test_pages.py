@@ -1,4 +1,5 @@
-"""Every built page renders offline: math typeset, images loaded, no script errors, no dead links."""
+"""Every built page renders offline: math typeset, images loaded, no script errors, no
+dead links."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_page_renders_offline(offline_page, server, path):
     assert response is not None and response.ok
     # Wait for MathJax's start-up typesetting to finish when the page loads it.
     page.wait_for_function(
-        "() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
+        "() => !window.MathJax"
+        " || (window.MathJax.startup && window.MathJax.startup.promise)",
         timeout=20_000,
     )
     page.evaluate(
@@ -43,7 +45,8 @@ def test_page_renders_offline(offline_page, server, path):
         assert page.locator("mjx-merror").count() == 0, "MathJax reported a TeX error"
         assert page.locator("text=\\frac").count() == 0
     broken = page.evaluate(
-        "() => Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0))"
+        "() => Array.from(document.images)"
+        ".filter(i => !(i.complete && i.naturalWidth > 0))"
         ".map(i => i.getAttribute('src'))"
     )
     assert broken == [], f"images that did not load: {broken}"
