@@ -189,7 +189,7 @@ def stamp(threads: int = THREADS) -> dict:
     Python versions, date and time (UTC). :func:`finish` adds the load readings."""
     import torch
 
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     return {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -307,11 +307,11 @@ def begin(
 
 def protocol_config(run: Run, **values) -> dict:
     """A result's ``config``: the script's own ``values`` and the protocol's settings
-    (``threads``, ``memory_threads``, ``omp_wait_policy``, ``repeat``; a value given
-    wins), so a reader of the ``config`` alone sees how it was measured."""
+    (``threads``, ``omp_wait_policy``, ``repeat``; a value given wins), so a reader of
+    the ``config`` alone sees how it was measured. (A script that probes memory may add
+    ``memory_threads=MEMORY_THREADS``; the stamp records every setting anyway.)"""
     protocol = {
         "threads": THREADS,
-        "memory_threads": MEMORY_THREADS,
         "omp_wait_policy": omp_wait_policy(),
         "repeat": run.repeat,
     }

@@ -37,6 +37,7 @@ set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
 import torch
 from _common import (
+    MEMORY_THREADS,
     THREADS,
     begin,
     finish,
@@ -102,6 +103,7 @@ def main() -> None:
     print(f"crossover: linear attention is faster from N = {cross} on")
     config = protocol_config(
         run,
+        memory_threads=MEMORY_THREADS,
         batch=1,
         heads=HEADS,
         d=DIM,

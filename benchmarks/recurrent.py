@@ -48,7 +48,7 @@ from _common import (
     begin,
     by_point,
     finish,
-    protocol_config,
+    omp_wait_policy,
     sweep,
     with_quartiles,
 )
@@ -220,17 +220,17 @@ def main() -> None:
     )
     kv_per_token = 2 * HEADS * DIM * 4
     state_bytes = {n: held_bytes(n, 0) for n in NAMES if n != "softmax_cache"}
-    setting = protocol_config(
-        run,
-        batch=1,
-        heads=HEADS,
-        d=DIM,
-        e=DIM,
-        dtype="float32",
-        mode="one decode step, inference_mode",
-        warmup=warmup,
-        repeat=repeat,
-    )
+    setting = {
+        "batch": 1,
+        "heads": HEADS,
+        "d": DIM,
+        "e": DIM,
+        "dtype": "float32",
+        "mode": "one decode step, inference_mode",
+        "warmup": warmup,
+        "repeat": repeat,
+        "omp_wait_policy": omp_wait_policy(),
+    }
     clock = "cpu_s: time.thread_time of the one compute thread; wall_s: perf_counter"
     finish(
         run,

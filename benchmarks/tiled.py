@@ -37,6 +37,7 @@ set_omp_wait_policy(OMP_POLICY)  # before torch loads
 import torch
 import torch.nn.functional as F
 from _common import (
+    MEMORY_THREADS,
     THREADS,
     begin,
     finish,
@@ -88,6 +89,7 @@ def main() -> None:
     memory_ratio = ratio(result, "tiled", "naive", key="peak_mib")
     config = protocol_config(
         run,
+        memory_threads=MEMORY_THREADS,
         batch=1,
         heads=HEADS,
         d=DIM,

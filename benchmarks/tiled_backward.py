@@ -50,6 +50,7 @@ set_omp_wait_policy(OMP_POLICY)  # before torch loads
 import torch
 import torch.nn.functional as F
 from _common import (
+    MEMORY_THREADS,
     THREADS,
     begin,
     finish,
@@ -268,6 +269,7 @@ def main() -> None:
     )
     config = protocol_config(
         run,
+        memory_threads=MEMORY_THREADS,
         batch=1,
         heads=HEADS,
         d=DIM,
