@@ -45,7 +45,7 @@ def check_new_kv(
         check_tensor(name, t, floating=True)
         if t.dim() != ndim:
             raise ValueError(f"{name} must have shape {layout}, got {tuple(t.shape)}")
-        if owner is not None:
+        if owner is not None and stored is not None:
             if t.dtype != stored.dtype:
                 raise TypeError(
                     f"{owner} stores {stored.dtype}, got {name} of dtype {t.dtype}"
@@ -64,6 +64,9 @@ def check_new_kv(
 class CacheBuffers:
     """``dtype``, ``device`` and ``nbytes`` of a cache whose tensors :meth:`_buffers` lists
     (``keys`` and ``values`` unless a subclass says otherwise)."""
+
+    keys: Tensor
+    values: Tensor
 
     def _buffers(self) -> tuple[Tensor, ...]:
         return self.keys, self.values
@@ -84,6 +87,9 @@ class CacheBuffers:
 
 class LinearCache(CacheBuffers):
     """A cache that appends up to ``max_len`` positions, ``length`` of them stored."""
+
+    max_len: int
+    length: int
 
     @property
     def remaining(self) -> int:

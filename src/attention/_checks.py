@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -61,6 +62,14 @@ def check_sizes(*, zero_ok: tuple[str, ...] = (), **sizes) -> tuple[int, ...]:
         check_size(name, value, minimum=0 if name in zero_ok else 1)
         for name, value in sizes.items()
     )
+
+
+@overload
+def check_real(name: str, value, *, allow_none: Literal[False] = False) -> float: ...
+
+
+@overload
+def check_real(name: str, value, *, allow_none: bool) -> float | None: ...
 
 
 def check_real(name: str, value, *, allow_none: bool = False) -> float | None:

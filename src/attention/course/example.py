@@ -28,6 +28,7 @@ chapters build them for this sentence with :mod:`attention.foundations.masks`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -67,8 +68,8 @@ class RunningExample:
     token_ids: Tensor
     embeddings: Tensor
     hidden_states: Tensor
-    model: object = field(repr=False, compare=False)
-    tokenizer: object = field(repr=False, compare=False)
+    model: Any = field(repr=False, compare=False)
+    tokenizer: Any = field(repr=False, compare=False)
 
     def index(self, token: str, occurrence: int = 0) -> int:
         """Position of the ``occurrence``-th (0-based) appearance of ``token`` in ``tokens``.
@@ -160,7 +161,7 @@ def running_example(
         raise TypeError(
             f"special_tokens must be a bool, got {type(special_tokens).__name__}"
         )
-    if model is None:
+    if model is None or tokenizer is None:  # both or neither (checked above)
         model, tokenizer = load_minilm()
     encoded = tokenizer(RUNNING_SENTENCE, return_tensors="pt")
     ids = encoded["input_ids"][0]  # (n + 2,) with [CLS] and [SEP]

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import matplotlib as mpl
 import torch
 from matplotlib.ticker import MaxNLocator
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 __all__ = ["use_course_style", "plot_attention", "plot_heads", "plot_mask", "plot_grid"]
 
-COURSE_STYLE = {
+COURSE_STYLE: dict[RcKeyType, Any] = {
     # 100 dpi of layout: a 7.5-inch figure is 750 CSS px, the book's column. Notebooks
     # store it at twice that density (``setup_notebook`` selects retina PNGs), so it is
     # sharp on high-density screens.

@@ -36,7 +36,10 @@ def _worker(
         if sys.platform.startswith("linux"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         limit = datetime.timedelta(seconds=timeout)
-        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=limit)
+        # TCPStore is public (documented) though torch.distributed's __all__ omits it
+        store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
+            "127.0.0.1", port, world_size, False, timeout=limit
+        )
         dist.init_process_group(
             "gloo", store=store, rank=rank, world_size=world_size, timeout=limit
         )
@@ -139,7 +142,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
         ) from None
     timeout = float(timeout)
     limit = datetime.timedelta(seconds=timeout)
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
         "127.0.0.1", 0, None, True, timeout=limit, wait_for_workers=False
     )
     ctx = mp.get_context("spawn")

@@ -97,7 +97,8 @@ class RingAttention(torch.autograd.Function):
             if bad is not None:
                 poisoned = bad if poisoned is None else poisoned | bad
             _wait(works)
-            k_cur, v_cur = k_next, v_next
+            if k_next is not None and v_next is not None:  # None after the last step
+                k_cur, v_cur = k_next, v_next
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.options = (ring, scale, block_size)
         if poisoned is None:

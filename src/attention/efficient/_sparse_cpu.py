@@ -259,6 +259,8 @@ def _attend_runs(
     ``exp(l_1 - L) o_1 + exp(l_2 - L) o_2`` with ``L = logaddexp(l_1, l_2)``, that is
     ``lerp(o_1, o_2, sigmoid(l_2 - l_1))``, written straight into the output.
     """
+    flash = _FLASH_CPU
+    assert flash is not None, "the caller uses this path only where the kernel exists"
     batch, i, j, e = query.shape[:-2], query.shape[-2], key.shape[-2], value.shape[-1]
     # (z, n, d) views (a copy only if the batch dims cannot be merged), rows contiguous.
     q, k, v = (x.reshape(-1, *x.shape[-2:]) for x in (query, key, value))
@@ -292,7 +294,7 @@ def _attend_runs(
                 ).flatten()
                 qs = q.index_select(1, pos[pos < i])
             keys = slice(s * B, min((s + c) * B, j))
-            o, lse_o = _FLASH_CPU(
+            o, lse_o = flash(
                 qs[:, None],
                 k[:, None, keys],
                 v[:, None, keys],
@@ -307,7 +309,7 @@ def _attend_runs(
             rows = range(r0, r0 + g)
             size = min(B, i - r0 * B)  # only a lone last block can be partial
             t = min((s0 + c) * B, j) - s0 * B
-            o, lse_o = _FLASH_CPU(
+            o, lse_o = flash(
                 tiles(q, r0, g, size),
                 tiles(k, s0, g, t),
                 tiles(v, s0, g, t),
@@ -352,16 +354,13 @@ def _attend_runs(
         else:
             (o1, l1), (o2, l2) = pieces[:2]
             torch.lerp(o1, o2, torch.sigmoid(l2 - l1).unsqueeze_(-1), out=dst)
-            _merge_into(
-                dst, torch.logaddexp(l1, l2) if len(pieces) > 2 else None, pieces[2:]
-            )
+            if len(pieces) > 2:
+                _merge_into(dst, torch.logaddexp(l1, l2), pieces[2:])
         r = end
     return out.reshape(*batch, i, e)
 
 
-def _merge_into(
-    dst: Tensor, lse: Tensor | None, rest: list[tuple[Tensor, Tensor]]
-) -> None:
+def _merge_into(dst: Tensor, lse: Tensor, rest: list[tuple[Tensor, Tensor]]) -> None:
     """Fold the partial results ``(o_n, l_n)`` of ``rest`` into ``dst``, whose log-sum-exp is ``lse``."""
     for n, (o_n, l_n) in enumerate(rest, start=1):
         dst.lerp_(o_n, torch.sigmoid(l_n - lse).unsqueeze_(-1))

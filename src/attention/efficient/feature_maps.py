@@ -147,7 +147,7 @@ def random_feature_map(
     check_generator(generator, torch.device("cpu"))  # the draws are made on the CPU
     check_bool("orthogonal", orthogonal)
     check_dtype("dtype", dtype, floating=True)
-    scale = dim**-0.25 if scale is None else check_real("scale", scale)
+    s = dim**-0.25 if scale is None else check_real("scale", scale)
     try:  # the (d, f) projection must fit in memory: find out before drawing it
         torch.empty(dim, num_features, dtype=dtype)
     except (
@@ -173,4 +173,4 @@ def random_feature_map(
         w = w * norms  # each column gets the norm of a Gaussian vector
     else:
         w = torch.randn(dim, num_features, generator=generator, dtype=dtype)  # (d, f)
-    return _RandomFeatures(w, float(scale))
+    return _RandomFeatures(w, float(s))

@@ -133,13 +133,14 @@ class NeuralMemory(nn.Module):
             "gradient_at", gradient_at, ("forgotten", "previous")
         )
         kw = check_factory(device, dtype)
-        if self.hidden_dim is None:
+        hidden = self.hidden_dim
+        if hidden is None:
             self.weight = nn.Parameter(torch.zeros(value_dim, key_dim, **kw))
         else:
             self.weight1 = nn.Parameter(
-                torch.randn(hidden_dim, key_dim, **kw) / math.sqrt(key_dim)
+                torch.randn(hidden, key_dim, **kw) / math.sqrt(key_dim)
             )
-            self.weight2 = nn.Parameter(torch.zeros(value_dim, hidden_dim, **kw))
+            self.weight2 = nn.Parameter(torch.zeros(value_dim, hidden, **kw))
         self.state: dict[str, list[Tensor]] | None = None
 
     def extra_repr(self) -> str:
@@ -241,6 +242,7 @@ class NeuralMemory(nn.Module):
         ]
         if self.state is None or self.state["weights"][0].shape[:-2] != batch:
             self.reset(tuple(batch))
+        assert self.state is not None  # reset() filled it
         weights, moment = self.state["weights"], self.state["momentum"]
         surprise = []
         for t in range(n):

@@ -534,7 +534,7 @@ def _block_sparse_gather(
                     )
             if finite:
                 fused_mask = None if hide is None else ~hide
-                if bias is not None:
+                if bias is not None and hide is not None:  # a bias comes with hide
                     fused_mask = bias.masked_fill(hide, float("-inf"))
                 pieces.append(_fused_tile_attention(qt, kt, vt, fused_mask, scale))
             else:

@@ -53,7 +53,7 @@ __all__ = [
 
 def _attention_inputs(
     query, key, value, attn_mask, *, d_q: int, d_k: int, d_v: int | None, weight: Tensor
-):
+) -> tuple[Tensor, Tensor, Tensor | None, bool]:
     """Shared boundary checks of the additive attention modules.
 
     ``query`` is ``(b, d_q)`` (one query per batch element) or ``(b, i, d_q)``; ``key``
@@ -93,7 +93,7 @@ def _attention_inputs(
 
 def _hidden_inputs(
     score, query, key, value, attn_mask, *, d_v: int | None, weight: Tensor
-):
+) -> tuple[Tensor, Tensor, Tensor | None, bool]:
     """:func:`_attention_inputs`, then the ``(b, i, j, a)`` hidden layer of ``score`` (a
     module with ``d_q``, ``d_k``, ``w_query``, ``w_key``, ``bias`` and ``activation``).
 

@@ -230,7 +230,7 @@ def general_scores(
     if bias is not None and not scalar:
         projected = projected + bias  # W q_i + b
     scores = projected @ key.transpose(-2, -1)  # (..., i, j)
-    return act(scores + bias if scalar else scores)
+    return act(scores + bias if scalar and bias is not None else scores)
 
 
 def _check_additive(query, key, w_query, w_key, bias) -> int:

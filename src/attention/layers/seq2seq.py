@@ -211,6 +211,7 @@ def encoder_decoder_masks(
             "every source must have at least one real token (a length >= 1)"
         )
     decoder_self = combine_masks(causal_mask(tgt_len, device=tgt_pad.device), tgt_pad)
+    assert decoder_self is not None  # two masks in, their AND out
     return src_pad, decoder_self, src_pad  # (b, 1, j), (b, i, i), (b, 1, j)
 
 

@@ -32,6 +32,8 @@ The cache is written in place, so it is for inference: use it under
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -498,7 +500,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise TypeError(
                 f"module must be a DeepseekV3Attention, got {type(module).__name__}"
             )
-        config = module.config
+        config: Any = module.config  # a transformers DeepseekV3Config
         rope_parameters = dict(getattr(config, "rope_parameters", None) or {})
         rope_type = rope_parameters.get("rope_type", "default")
         if rope_type != "default":

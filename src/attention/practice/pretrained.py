@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -175,7 +176,7 @@ class AttentionTrace:
     hidden_states: Tensor
 
 
-def trace_attention(model, tokenizer, text: str) -> AttentionTrace:
+def trace_attention(model: Any, tokenizer: Any, text: str) -> AttentionTrace:
     """Run ``text`` through ``model`` and keep its tokens, attention maps and hidden states.
 
     Args:
@@ -202,7 +203,7 @@ def trace_attention(model, tokenizer, text: str) -> AttentionTrace:
         raise TypeError(
             f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
         )
-    encoded = tokenizer(text, return_tensors="pt")
+    encoded: Any = tokenizer(text, return_tensors="pt")
     with torch.no_grad():
         out = model(**encoded, output_attentions=True, output_hidden_states=True)
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
