@@ -5,8 +5,9 @@
 #                 under other numerics, and the unit tests and chapters again under a second
 #                 PyTorch release (scripts/test.sh)
 # Two more are optional:
-#   make check  - the quick loop while editing the package: ruff, unit tests and doctests
-#                 (about a minute; no npm, no Chromium, no book build, no chapters)
+#   make check  - the quick loop while editing the package (under a minute on 2 cores):
+#                 ruff check and ruff format --check, pyright over src, and the unit tests
+#                 and doctests not marked slow (no npm, no Chromium, no book, no chapters)
 #   make lab    - open the chapters and the workbook in JupyterLab from the project's environment
 #                 (installs the package on first use; no npm needed)
 # Everything is installed with the exact versions of requirements/ci-lock.txt (regenerate it
@@ -17,7 +18,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 LOCK := requirements/ci-lock.txt
 
-.PHONY: book test check lab install mathjax clean
+.PHONY: book test check types unit lab install mathjax clean
 
 install: $(INSTALLED) book/_static/mathjax/.version
 
@@ -40,13 +41,28 @@ book: install
 test: install
 	bash scripts/test.sh
 
-# No MathJax, no Chromium, no book and no chapters: the package's tests and docstring
-# examples only (the launch tests, which start JupyterLab and install into fresh
-# environments, and the browser tests are left to `make test`).
+# The Python files ruff holds to its rules and its format (scripts/test.sh: the same).
+PY_FILES := src tests benchmarks scripts typings
+
+# No MathJax, no Chromium, no book and no chapters: the linters, the type checker, and
+# the package's tests and docstring examples except those marked slow (pyproject.toml);
+# the launch tests, which start JupyterLab and install into fresh environments, the
+# browser tests and the slow ones are left to `make test`. pyright runs beside the
+# tests (make -j2), the two together filling the two cores.
 check: $(INSTALLED)
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/python -m pytest -q -n 2 tests src/attention \
-	  --ignore=tests/browser --ignore=tests/test_reader_launch.py
+	$(BIN)/ruff check $(PY_FILES)
+	$(BIN)/ruff format --check $(PY_FILES)
+	$(MAKE) --no-print-directory -j2 --output-sync=target types unit
+
+types: $(INSTALLED)
+	$(BIN)/pyright
+
+# nbval is not loaded (-p no:nbval; addopts is restated without its options): its
+# import alone costs each test process about 3 s of CPU.
+unit: $(INSTALLED)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:nbval \
+	  -o addopts="-p no:cacheprovider --strict-markers --doctest-modules" \
+	  tests src/attention --ignore=tests/browser --ignore=tests/test_reader_launch.py
 
 # Open JupyterLab on the chapters and the workbook, in the project's environment (the
 # package importable). Its file browser starts at the repository's root, where chapters/

@@ -12,8 +12,15 @@ elapsed() { echo "($1 took $(( $(date +%s) - $2 )) s)"; }
 # model (17), FlexAttention and the KV caches (18). The README lists the same ones (tests/test_reader_launch.py checks it).
 TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/15_distributed.ipynb chapters/16_triton_flash.ipynb chapters/17_pretrained_model.ipynb chapters/18_llm_inference.ipynb"
 
-echo "== 1. lint: ruff check"
-$BIN/ruff check src tests benchmarks scripts
+# The Python files ruff holds to its rules and its format (the Makefile's PY_FILES).
+PY_FILES="src tests benchmarks scripts typings"
+
+echo "== 1. lint and types: ruff check, ruff format --check, pyright (basic) over src"
+# shellcheck disable=SC2086
+$BIN/ruff check $PY_FILES
+# shellcheck disable=SC2086
+$BIN/ruff format --check $PY_FILES
+$BIN/pyright
 
 echo "== 2. the book, built with warnings as errors"
 start=$(date +%s)
@@ -29,9 +36,10 @@ NEXT=$COURSE_TORCH_NEXT_VENV/bin
 $NEXT/python -c 'import torch; print("torch", torch.__version__, "in", torch.__file__)'
 elapsed "second environment" "$start"
 
-echo "== 4. pytest --nbval: unit, property and notebook-structure tests, docstring examples,"
-echo "      JupyterLab and simulated-Colab launches, browser checks of the built pages,"
-echo "      and every chapter re-executed and compared (options in pyproject.toml)"
+echo "== 4. pytest --nbval: unit, property and notebook-structure tests (the slow ones"
+echo "      too), docstring examples, JupyterLab and simulated-Colab launches, browser"
+echo "      checks of the built pages, every benchmark script at smoke sizes, and every"
+echo "      chapter re-executed and compared (options in pyproject.toml)"
 bash scripts/ensure_chromium.sh
 start=$(date +%s)
 COURSE_REQUIRE_BROWSER=1 $BIN/python -m pytest --nbval -n 2 --dist loadfile
@@ -46,7 +54,10 @@ elapsed "nbval on other numerics" "$start"
 echo "== 6. the second PyTorch: unit and property tests, docstring examples, and chapters"
 echo "      $TORCH_NEXT_CHAPTERS"
 start=$(date +%s)
+# The benchmark scripts' smoke runs are left to step 4: their results are measured with
+# the first PyTorch.
 # shellcheck disable=SC2086
 $NEXT/python -m pytest --nbval -n 2 --dist loadfile tests src/attention $TORCH_NEXT_CHAPTERS \
-  --ignore=tests/browser --ignore=tests/test_reader_launch.py
+  --ignore=tests/browser --ignore=tests/test_reader_launch.py \
+  --ignore=tests/test_benchmarks.py
 elapsed "pytest --nbval under the second PyTorch" "$start"
