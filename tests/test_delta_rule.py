@@ -1,8 +1,8 @@
-"""Tests for attention/delta_rule.py: the recurrence and the chunkwise WY/UT form against an
-independent reference re-derived from flash-linear-attention's naive recurrent rules, float64
-gradients, state chaining and the boundary checks; Kimi Delta Attention against a naive
-loop and against fla-core's own naive functions. (What the whole recurrent family shares
-is in tests/test_recurrent_contract.py.)"""
+"""Tests for attention/delta_rule.py: the recurrence and the chunkwise WY/UT form
+against an independent reference re-derived from flash-linear-attention's naive
+recurrent rules, float64 gradients, state chaining and the boundary checks; Kimi Delta
+Attention against a naive loop and against fla-core's own naive functions. (What the
+whole recurrent family shares is in tests/test_recurrent_contract.py.)"""
 
 import math
 import types
@@ -38,12 +38,13 @@ def inputs(
 
 
 def fla_reference(q, k, v, beta, g, scale, s0):
-    """Re-derived from fla's naive recurrent (gated) delta rule, in fla's (b, n, h, d) layout.
+    """Re-derived from fla's naive recurrent (gated) delta rule, in fla's (b, n, h, d)
+    layout.
 
-    Per token: decay the (d, e) state by exp(g); read the old value stored under k
-    (sum over d of state * k); write beta * (v - old) along k; output = state^T (scale q).
-    Written here in the product form S <- alpha (I - beta k k^T) S + beta k v^T, which is the
-    same step rearranged, so the test does not repeat the package's arithmetic.
+    Per token: decay the (d, e) state by exp(g); read the old value stored under k (sum
+    over d of state * k); write beta * (v - old) along k; output = state^T (scale q).
+    Written here in the product form S <- alpha (I - beta k k^T) S + beta k v^T, which
+    is the same step rearranged, so the test does not repeat the package's arithmetic.
     """
     q, k, v = (
         x.transpose(-3, -2) for x in (q, k, v)

@@ -10,9 +10,9 @@ import torch
 from attention import GatedDeltaNet
 
 pytest.importorskip("transformers")
-from transformers.cache_utils import DynamicCache  # noqa: E402
-from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E402
-from transformers.models.qwen3_next.configuration_qwen3_next import (  # noqa: E402
+from transformers.cache_utils import DynamicCache
+from transformers.models.qwen3_next import modeling_qwen3_next as hf
+from transformers.models.qwen3_next.configuration_qwen3_next import (
     Qwen3NextConfig,
 )
 

@@ -109,7 +109,8 @@ def test_ends_with_exercises_whose_solutions_are_checked(path):
     )
     for n in solutions:
         # a function the reader writes (tagged solution) is checked by the next cell's
-        # checker (tests/test_chapter_structure.py); any other solution asserts its answer
+        # checker (tests/test_chapter_structure.py); any other solution asserts its
+        # answer
         written = "solution" in cells[n].get("metadata", {}).get("tags", [])
         checked = (
             "".join(cells[n + 1]["source"]) if written and n + 1 < len(cells) else ""

@@ -1,20 +1,22 @@
 """The reader's ways in: JupyterLab from the project's environment, Colab, Binder, the
 published book, and `pip install` beside the reader's own PyTorch.
 
-- JupyterLab: the documented command (`make lab`) starts a server whose file browser lists
-  the chapters and the workbook and whose kernel imports the course package. Started headless on localhost
-  with a random token, checked through its REST and kernel protocols, then stopped.
+- JupyterLab: the documented command (`make lab`) starts a server whose file browser
+  lists the chapters and the workbook and whose kernel imports the course package.
+  Started headless on localhost with a random token, checked through its REST and kernel
+  protocols, then stopped.
 - Colab: a chapter copied into an empty directory outside the repository runs in a fresh
-  virtual environment that lacks `attention` but sees a PyTorch (this environment's, and the
-  newer one of the second-PyTorch environment): its first cell installs the package (here
-  from a copy of this checkout, through ATTENTION_COURSE_SOURCE), the PyTorch it started
-  with is still the one imported afterwards (same version, same file), and every output
-  matches the stored one under nbval.
-- pip beside a newer PyTorch: in the second-PyTorch environment (scripts/torch_next_env.sh,
-  made by `make test`), `pip install --dry-run` of the package would not install torch.
+  virtual environment that lacks `attention` but sees a PyTorch (this environment's, and
+  the newer one of the second-PyTorch environment): its first cell installs the package
+  (here from a copy of this checkout, through ATTENTION_COURSE_SOURCE), the PyTorch it
+  started with is still the one imported afterwards (same version, same file), and every
+  output matches the stored one under nbval.
+- pip beside a newer PyTorch: in the second-PyTorch environment
+  (scripts/torch_next_env.sh, made by `make test`), `pip install --dry-run` of the
+  package would not install torch.
 - The one repository URL (`repository.url` in _config.yml) is the one the install cell
-  names; the GitHub Pages workflow builds with the README's command; Binder installs this
-  package with the locked versions.
+  names; the GitHub Pages workflow builds with the README's command; Binder installs
+  this package with the locked versions.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def _locked(path: Path) -> dict[str, str]:
 
 
 def _torch_next_python() -> Path:
-    """The second-PyTorch environment's python; skipped (failed under `make test`) if absent."""
+    """The second-PyTorch environment's python; skipped (failed under `make test`) if
+    absent."""
     venv = ROOT / os.environ.get("COURSE_TORCH_NEXT_VENV", ".venv/torch-next")
     python = venv / "bin" / "python"
     if not python.exists():
@@ -100,7 +103,8 @@ def _torch_of(python: Path, cwd: Path, env: dict[str, str]) -> tuple[str, str]:
 
 
 def _copy_of_package(dest: Path) -> Path:
-    """pip builds a local source in place (build/, *.egg-info): give it a copy of the package."""
+    """pip builds a local source in place (build/, *.egg-info): give it a copy of the
+    package."""
     shutil.copytree(
         ROOT / "src",
         dest / "src",
@@ -127,7 +131,8 @@ def _get(url: str, token: str, *, method: str = "GET", body: dict | None = None)
 
 
 def _execute(port: int, token: str, kernel_id: str, code: str) -> list[dict]:
-    """Run ``code`` in a kernel through the server's websocket; return its iopub messages."""
+    """Run ``code`` in a kernel through the server's websocket; return its iopub
+    messages."""
     import websocket  # websocket-client, installed with JupyterLab
 
     ws = websocket.create_connection(
@@ -262,7 +267,8 @@ def test_jupyterlab_lists_the_chapters_and_workbook_and_its_kernel_imports_the_p
 
 
 def test_makefile_documents_the_lab_command():
-    """`make lab` serves the repository's root, where chapters/ and workbook/ both are."""
+    """`make lab` serves the repository's root, where chapters/ and workbook/ both
+    are."""
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
     assert "jupyter lab --ServerApp.root_dir=. " in recipe
@@ -273,9 +279,9 @@ def test_makefile_documents_the_lab_command():
 def test_a_chapter_installs_beside_the_readers_torch_and_reproduces_its_outputs(
     tmp_path, base
 ):
-    """Colab, simulated: a bare environment that already has a PyTorch, the notebook alone;
-    its first cell installs the package without touching that PyTorch, and nbval finds
-    every output equal to the stored one."""
+    """Colab, simulated: a bare environment that already has a PyTorch, the notebook
+    alone; its first cell installs the package without touching that PyTorch, and nbval
+    finds every output equal to the stored one."""
     import importlib.util
 
     base_python = Path(sys.executable) if base == "this" else _torch_next_python()
@@ -305,9 +311,10 @@ def test_a_chapter_installs_beside_the_readers_torch_and_reproduces_its_outputs(
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
     )
-    # The fresh environment sees the base environment's third-party packages (torch, pip,
-    # Jupyter, nbval) through a path entry, but not the course package: an editable install
-    # is activated by a .pth file, and .pth files are read only in site directories.
+    # The fresh environment sees the base environment's third-party packages (torch,
+    # pip, Jupyter, nbval) through a path entry, but not the course package: an editable
+    # install is activated by a .pth file, and .pth files are read only in site
+    # directories.
     env = _clean_env()
     purelib = subprocess.run(
         [
@@ -392,7 +399,8 @@ def test_a_chapter_installs_beside_the_readers_torch_and_reproduces_its_outputs(
 
 
 def test_installing_the_package_keeps_a_newer_torch_in_range(tmp_path):
-    """pip beside a newer PyTorch, in range: it would install the package and not torch."""
+    """pip beside a newer PyTorch, in range: it would install the package and not
+    torch."""
     python = _torch_next_python()
     env = _clean_env()
     version, _ = _torch_of(python, tmp_path, env)
@@ -401,8 +409,8 @@ def test_installing_the_package_keeps_a_newer_torch_in_range(tmp_path):
     )
     source = _copy_of_package(tmp_path / "checkout")
     report = tmp_path / "report.json"
-    # no build isolation: the package's metadata is built with the environment's setuptools,
-    # so nothing at all is fetched when every dependency is already there
+    # no build isolation: the package's metadata is built with the environment's
+    # setuptools, so nothing at all is fetched when every dependency is already there
     run = subprocess.run(
         [
             str(python),
