@@ -264,6 +264,7 @@ def _gated_sum(terms) -> Tensor:
     for branch, gate in terms:
         term = branch if gate is None else branch * gate.unsqueeze(-1)
         total = term if total is None else total + term
+    assert total is not None  # at least one branch
     return total
 
 
@@ -719,11 +720,11 @@ def lightning_index_scores(
         >>> lightning_index_scores(iq, ik)[0].tolist()  # 2 heads * relu(4 / 2)
         [[4.0, -inf, -inf], [4.0, 4.0, -inf], [4.0, 4.0, 4.0]]
     """
-    iq, ik, iw, batch, scale_, activation = _check_indexer(
+    iq, ik, iw, batch, scale_, act = _check_indexer(
         index_query, index_key, index_weights, scale, activation
     )
     n = iq.shape[-2]
-    scores = _index_scores(iq, ik, iw, scale_, activation, 0, n)
+    scores = _index_scores(iq, ik, iw, scale_, act, 0, n)
     return scores.reshape(*batch, n, n)
 
 
@@ -763,11 +764,11 @@ def lightning_indexer(
         >>> lightning_indexer(iq, ik, top_k=2)[0].tolist()
         [[0, -1], [0, 1], [1, 2], [1, 2]]
     """
-    iq, ik, iw, batch, scale_, activation = _check_indexer(
+    iq, ik, iw, batch, scale_, act = _check_indexer(
         index_query, index_key, index_weights, scale, activation
     )
     top_k = check_size("top_k", top_k)
-    picks = _indexer_core(iq, ik, iw, top_k, scale_, activation)
+    picks = _indexer_core(iq, ik, iw, top_k, scale_, act)
     return picks.reshape(*batch, *picks.shape[-2:])
 
 
@@ -1062,6 +1063,7 @@ def selection_stats(
         if mask is not None:
             chosen = mask[..., t0:t1, :] & causal  # (b, h, c, n)
         else:
+            assert picks is not None  # given a selection, not a mask
             chosen = _membership(picks[..., t0:t1, :], range(t0, t1), n, block_size)
             chosen = expand_kv_heads(chosen, h)  # (b, h, c, n)
         masses.append((weights * chosen).sum(dim=-1))

@@ -47,6 +47,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -264,7 +265,7 @@ def _problem(
 # --------------------------------------------------------------------------- calling
 
 
-def _clone(obj):
+def _clone(obj: Any) -> Any:
     """``obj`` with every tensor in it copied (tuples, lists and dicts walked)."""
     if isinstance(obj, Tensor):
         return obj.detach().clone()
