@@ -138,6 +138,7 @@ def test_scores_to_output_prints_the_packages_numbers():
     assert sum_line.startswith(f"o({tokens[1]}) = ")
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_mask_broadcast_shows_the_broadcast_shapes_and_masks():
     fig = diagrams.mask_broadcast()
     batch, heads, n = 2, 2, 4

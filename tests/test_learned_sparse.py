@@ -726,6 +726,7 @@ def test_selection_stats_of_every_key_and_of_a_shared_selection(monkeypatch):
 # ------------------------------------------------------------------ gradients
 
 
+@pytest.mark.slow  # about 2 s of CPU: make test, not make check
 def test_gradients_match_finite_differences():
     q, k, v = (t.requires_grad_() for t in qkv(1, 2, 1, 7, d=3, e=2, seed=12))
     gates = tuple(rand(1, 2, 7, seed=s).requires_grad_() for s in range(3))

@@ -240,6 +240,7 @@ def _filled(nb: dict) -> dict:
     return nb
 
 
+@pytest.mark.slow  # a Jupyter kernel started: make test, not make check
 def test_a_filled_workbook_passes_its_checker_in_a_kernel(tmp_path):
     nb = make_workbook.workbook_notebook(synthetic_chapter(), "synthetic")
     done = _execute(_filled(nb), tmp_path)
@@ -248,6 +249,7 @@ def test_a_filled_workbook_passes_its_checker_in_a_kernel(tmp_path):
     assert "".join(outputs[0]["text"]).startswith("✓ my_softmax: softmax along dim")
 
 
+@pytest.mark.slow  # a Jupyter kernel started: make test, not make check
 def test_a_stub_left_fails_its_checker_with_one_line_and_no_checker_frames(tmp_path):
     nb = make_workbook.workbook_notebook(synthetic_chapter(), "synthetic")
     done = _execute(nb, tmp_path)
