@@ -38,26 +38,23 @@ machine); results go to ``src/attention/benchmark_results/learned_sparse.json``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from _common import OMP_POLICY, set_omp_wait_policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import OMP_POLICY, set_omp_wait_policy  # noqa: E402
+set_omp_wait_policy(OMP_POLICY)  # before torch loads
 
-OMP_WAIT_POLICY = set_omp_wait_policy(OMP_POLICY)  # before torch loads
-
-import torch  # noqa: E402
-from _common import (  # noqa: E402
-    MIN_REPEAT,
+import torch
+from _common import (
     THREADS,
     begin,
     finish,
-    interleaved_stats,
-    log_slope,
-    peak_memory_mib,
-    separated,
+    fit_slope,
+    protocol_config,
+    ratio,
+    separated_at,
+    sweep,
 )
 
+ORDER = 65  # place in run_all.py's session: after approximate
 HEADS, KV_HEADS, DIM = 4, 1, 64
 BLOCK, BLOCKS = 64, 8  # NSA and MoBA: 8 blocks of 64 keys
 BUDGET = BLOCK * BLOCKS  # keys per query for every selecting method
@@ -205,92 +202,45 @@ def check_against_dense() -> None:
 
 def main() -> None:
     run = begin("learned_sparse")
-    sizes = QUICK_SIZES if run.quick else SIZES
-    repeat = 3 if run.quick else MIN_REPEAT
     torch.set_num_threads(THREADS)
+    sizes = QUICK_SIZES if run.quick else SIZES
     check_against_dense()
-    # Memory first, before this process holds large tensors (_common.peak_memory_mib).
-    peak = {
-        name: [peak_memory_mib(f"learned_sparse:{name}_call", n=n) for n in sizes]
-        for name in NAMES
-    }
+    result = sweep(run, sizes, CALLS, memory=True, warmup=1)
     keys = {name: [] for name in NAMES}
-    stats = {name: [] for name in NAMES}
     for n in sizes:
         for name, count in keys_per_query(n).items():
             keys[name].append(count)
-        t = interleaved_stats(
-            {name: CALLS[name](n) for name in NAMES}, warmup=1, repeat=repeat
-        )
-        for name in NAMES:
-            stats[name].append(t[name])
-        print(
-            f"n={n:5d}: "
-            + ", ".join(
-                f"{name} {1e3 * t[name]['median']:.1f} ms ({peak[name][-1]:.1f} MiB)"
-                for name in NAMES
-            ),
-            flush=True,
-        )
-    data = {
-        "config": {
-            "dtype": "float32",
-            "batch": 1,
-            "heads": HEADS,
-            "kv_heads": KV_HEADS,
-            "d": DIM,
-            "block_size": BLOCK,
-            "selected_blocks": BLOCKS,
-            "budget_keys": BUDGET,
-            "nsa_window": 0,
-            "index_heads": INDEX_HEADS,
-            "index_dim": INDEX_DIM,
-            "threads": THREADS,
-            "omp_wait_policy": OMP_WAIT_POLICY,
-            "repeat": repeat,
-        },
-        "n": sizes,
-        "contenders": list(NAMES),
-        **{
-            key: {name: [s[part] for s in stats[name]] for name in NAMES}
-            for key, part in (
-                ("time_s", "median"),
-                ("time_s_q1", "q1"),
-                ("time_s_q3", "q3"),
-            )
-        },
-        "peak_mib": peak,
-        "keys_per_query": keys,
-        "ratio_to_sdpa": {
-            name: [
-                s["median"] / base["median"]
-                for s, base in zip(stats[name], stats["sdpa"], strict=True)
-            ]
-            for name in NAMES
-            if name != "sdpa"
-        },
-        "ratio_to_sdpa_separated": {
-            name: [
-                separated(s, base)
-                for s, base in zip(stats[name], stats["sdpa"], strict=True)
-            ]
-            for name in NAMES
-            if name != "sdpa"
-        },
-        "slope_time": {
-            name: log_slope(sizes, [s["median"] for s in stats[name]]) for name in NAMES
-        },
-        "slope_memory": {
-            name: log_slope(sizes, [max(m, 1e-3) for m in peak[name]]) for name in NAMES
-        },
-    }
-    print(
-        "log-log slopes over n: time "
-        + ", ".join(f"{k} {v:.2f}" for k, v in data["slope_time"].items())
-        + "; memory "
-        + ", ".join(f"{k} {v:.2f}" for k, v in data["slope_memory"].items())
+    others = [name for name in NAMES if name != "sdpa"]
+    config = protocol_config(
+        run,
+        dtype="float32",
+        batch=1,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        d=DIM,
+        block_size=BLOCK,
+        selected_blocks=BLOCKS,
+        budget_keys=BUDGET,
+        nsa_window=0,
+        index_heads=INDEX_HEADS,
+        index_dim=INDEX_DIM,
     )
-    finish(run, data, repeat=repeat)
+    finish(
+        run,
+        {
+            "config": config,
+            "n": sizes,
+            "contenders": list(NAMES),
+            **result,
+            "keys_per_query": keys,
+            "ratio_to_sdpa": {name: ratio(result, name, "sdpa") for name in others},
+            "ratio_to_sdpa_separated": {
+                name: separated_at(result, name, "sdpa") for name in others
+            },
+            "slope_time": fit_slope(sizes, result["time_s"]),
+            "slope_memory": fit_slope(sizes, result["peak_mib"], floor=1e-3),
+        },
+    )
 
 
 if __name__ == "__main__":

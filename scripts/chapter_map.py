@@ -1,10 +1,11 @@
 """Draw how the chapters depend on each other, from the table of contents.
 
-    .venv/bin/python scripts/chapter_map.py          # write book/_static/chapter_map.svg
-    .venv/bin/python scripts/chapter_map.py --check  # exit 1 if the committed map is stale
+    .venv/bin/python scripts/chapter_map.py # write book/_static/chapter_map.svg
+    .venv/bin/python scripts/chapter_map.py --check # exit 1 if the committed map is
+    stale
 
-The chapters, their numbers and their parts come from `_toc.yml` (one column per part, in
-reading order). What each chapter builds on is declared below, by the chapter's name
+The chapters, their numbers and their parts come from `_toc.yml` (one column per part,
+in reading order). What each chapter builds on is declared below, by the chapter's name
 without its number, so renumbering needs no edit here: run the script and commit the
 picture. The SVG is written by hand (no plotting library), so the same table of contents
 always gives the same bytes; tests/test_chapter_map.py checks that the committed picture
@@ -80,8 +81,11 @@ def chapter_parts(toc_path: Path = ROOT / "_toc.yml") -> list[tuple[str, list[st
     toc = yaml.safe_load(toc_path.read_text())
     parts = []
     for part in toc.get("parts", []):
-        stems = [Path(entry["file"]).name for entry in part.get("chapters", [])
-                 if str(entry.get("file", "")).startswith("chapters/")]
+        stems = [
+            Path(entry["file"]).name
+            for entry in part.get("chapters", [])
+            if str(entry.get("file", "")).startswith("chapters/")
+        ]
         if stems:
             parts.append((part.get("caption", ""), stems))
     return parts
@@ -97,7 +101,9 @@ def render(parts: list[tuple[str, list[str]]]) -> str:
     what each chapter builds on."""
     unknown = [s for _, stems in parts for s in stems if name_of(s) not in SHORT]
     if unknown:
-        raise SystemExit(f"scripts/chapter_map.py: add a short name for {unknown} to SHORT")
+        raise SystemExit(
+            f"scripts/chapter_map.py: add a short name for {unknown} to SHORT"
+        )
     col_w = WIDTH / len(parts)
     boxes, number = {}, 0
     for c, (_, stems) in enumerate(parts):
@@ -113,8 +119,8 @@ def render(parts: list[tuple[str, list[str]]]) -> str:
         f'width="{WIDTH}" height="{height}" role="img" aria-labelledby="map-title">',
         '<title id="map-title">How the chapters build on each other</title>',
         "<style>",
-        "text { font-family: system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans',"
-        " sans-serif; fill: #222; }",
+        "text { font-family: system-ui, -apple-system, 'Segoe UI', Roboto,"
+        " 'DejaVu Sans', sans-serif; fill: #222; }",
         ".part { font-size: 11.5px; font-weight: 600; }",
         ".num { font-size: 10px; fill: #555; }",
         ".name { font-size: 11.5px; }",
@@ -131,8 +137,10 @@ def render(parts: list[tuple[str, list[str]]]) -> str:
     for c, (caption, _) in enumerate(parts):
         cx = c * col_w + col_w / 2
         for k, line in enumerate(_wrap(caption, 19)):
-            out.append(f'<text class="part" x="{cx:.1f}" y="{13 + 13 * k}" '
-                       f'text-anchor="middle">{escape(line)}</text>')
+            out.append(
+                f'<text class="part" x="{cx:.1f}" y="{13 + 13 * k}" '
+                f'text-anchor="middle">{escape(line)}</text>'
+            )
     after: dict[str, list[int]] = {}
     for target, sources in PREREQUISITES.items():
         for source in sources:
@@ -144,13 +152,18 @@ def render(parts: list[tuple[str, list[str]]]) -> str:
                 after.setdefault(target, []).append(boxes[source][0])
     for name, (n, stem, c, _, x, y) in boxes.items():
         colour = PART_COLOURS[c % len(PART_COLOURS)]
-        note = f" · after {', '.join(map(str, sorted(after[name])))}" if name in after else ""
+        note = (
+            f" · after {', '.join(map(str, sorted(after[name])))}"
+            if name in after
+            else ""
+        )
         out += [
             f'<g data-chapter="{stem}" data-number="{n}">',
-            f'<rect class="box" x="{x:.1f}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="6" '
-            f'fill="{colour}"/>',
+            f'<rect class="box" x="{x:.1f}" y="{y}" width="{BOX_W}" '
+            f'height="{BOX_H}" rx="6" fill="{colour}"/>',
             f'<text class="num" x="{x + 7:.1f}" y="{y + 14}">Chapter {n}{note}</text>',
-            f'<text class="name" x="{x + 7:.1f}" y="{y + 30}">{escape(SHORT[name])}</text>',
+            f'<text class="name" x="{x + 7:.1f}" y="{y + 30}">'
+            f"{escape(SHORT[name])}</text>",
             "</g>",
         ]
     out.append("</svg>")
@@ -159,7 +172,8 @@ def render(parts: list[tuple[str, list[str]]]) -> str:
 
 def _arrow(source, target) -> bool:
     """Drawn as an arrow: the next box down, or a box in the next column. Any other
-    prerequisite is named on the box instead ("after 6, 7"), so no arrow crosses a box."""
+    prerequisite is named on the box instead ("after 6, 7"), so no arrow crosses a
+    box."""
     _, _, sc, sr, *_ = source
     _, _, tc, tr, *_ = target
     return (sc == tc and tr == sr + 1) or tc == sc + 1
@@ -175,7 +189,9 @@ def _edge(source, target) -> str:
         x0, y0 = sx + BOX_W, sy + BOX_H / 2
         x1, y1 = tx - 1, ty + BOX_H / 2
         bend = (x1 - x0) / 2
-        path = f"M{x0:.1f},{y0} C{x0 + bend:.1f},{y0} {x1 - bend:.1f},{y1} {x1:.1f},{y1}"
+        path = (
+            f"M{x0:.1f},{y0} C{x0 + bend:.1f},{y0} {x1 - bend:.1f},{y1} {x1:.1f},{y1}"
+        )
     return f'<path class="edge" d="{path}" marker-end="url(#arrow)"/>'
 
 

@@ -1,10 +1,11 @@
 """Execute chapters top to bottom in a fresh kernel and store them, streams coalesced.
 
     .venv/bin/python scripts/execute_chapter.py chapters/NN_name.ipynb [more.ipynb ...]
-    .venv/bin/python scripts/execute_chapter.py --no-execute chapters/*.ipynb  # coalesce only
+    .venv/bin/python scripts/execute_chapter.py --no-execute chapters/*.ipynb # coalesce
+    only
 
-Each chapter runs as `jupyter nbconvert --to notebook --execute --inplace` would run it: a
-new kernel of the notebook's kernelspec, started in the chapter's folder (set
+Each chapter runs as `jupyter nbconvert --to notebook --execute --inplace` would run it:
+a new kernel of the notebook's kernelspec, started in the chapter's folder (set
 PYTHONPATH=src to run a checkout's package). Then its outputs are cleaned as nbconvert's
 `coalesce_streams` preprocessor cleans them:
 
@@ -53,8 +54,12 @@ def coalesce_streams(outputs: list) -> list:
     merged: list = []
     for output in outputs:
         last = merged[-1] if merged else None
-        if (output.get("output_type") == "stream" and last is not None
-                and last.get("output_type") == "stream" and last.get("name") == output.get("name")):
+        if (
+            output.get("output_type") == "stream"
+            and last is not None
+            and last.get("output_type") == "stream"
+            and last.get("name") == output.get("name")
+        ):
             last["text"] = _text(last) + _text(output)
         else:
             merged.append(output)
@@ -89,17 +94,26 @@ def execute(nb, path: Path, timeout: int | None) -> None:
     from nbclient import NotebookClient
 
     kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
-    NotebookClient(nb, timeout=timeout, kernel_name=kernel,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name=kernel,
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
-    parser.add_argument("--no-execute", action="store_true",
-                        help="only coalesce the stored outputs")
-    parser.add_argument("--timeout", type=int, default=None,
-                        help="seconds a cell may run (default: no limit)")
+    parser.add_argument(
+        "--no-execute", action="store_true", help="only coalesce the stored outputs"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=None,
+        help="seconds a cell may run (default: no limit)",
+    )
     args = parser.parse_args(argv)
     for path in args.notebooks:
         nb = nbformat.read(path, as_version=4)

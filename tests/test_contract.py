@@ -290,7 +290,7 @@ def _opts(kernel, **kw):
     return kw if kernel.non_causal else {"is_causal": True, **kw}
 
 
-# ----------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- validation
 
 
 @pytest.mark.parametrize("kernel", _kernels())
@@ -453,8 +453,9 @@ def test_nan_in_a_query_propagates_to_its_row_only(kernel):
 @pytest.mark.parametrize("kernel", _kernels(exact=True, mask=True))
 @pytest.mark.parametrize("poison", [math.inf, math.nan])
 def test_a_masked_key_holding_inf_makes_rows_nan_as_in_the_reference(kernel, poison):
-    """The package's one rule for non-finite scores (torch's): a NaN or +inf score poisons
-    its row even against a masked key (a soft cap turns +inf into the cap: no NaN)."""
+    """The package's one rule for non-finite scores (torch's): a NaN or +inf score
+    poisons its row even against a masked key (a soft cap turns +inf into the cap: no
+    NaN)."""
     q, k, v = _inputs(kernel, i=6, j=6)
     q, k = q.clone(), k.clone()
     q[..., 0] = 1.0

@@ -1,8 +1,9 @@
-"""Tests for attention/efficient/distributed.py: ring attention over gloo equals SDPA, forward and backward.
+"""Tests for attention/efficient/distributed.py: ring attention over gloo equals SDPA,
+forward and backward.
 
 Starting processes costs seconds (each imports torch), so the multi-process checks are
-grouped: one 4-process run computes every configuration (4 ranks, and 2 ranks through two
-sub-groups) and returns the results, which the tests then compare with torch's SDPA.
+grouped: one 4-process run computes every configuration (4 ranks, and 2 ranks through
+two sub-groups) and returns the results, which the tests then compare with torch's SDPA.
 """
 
 import multiprocessing
@@ -52,14 +53,24 @@ def _reference(q, k, v, go, is_causal, scale):
 def _ring_in_group(
     group, q, k, v, go, layout, is_causal, scale, block_size, enable_gqa=False
 ):
-    """Ring forward and backward inside ``group``; whole output and gradients gathered back."""
+    """Ring forward and backward inside ``group``; whole output and gradients gathered
+    back."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     shards = [
         shard_sequence(t, size, rank, layout=layout).clone() for t in (q, k, v, go)
     ]
     q_, k_, v_ = (t.requires_grad_() for t in shards[:3])
-    out = ring_attention(q_, k_, v_, is_causal=is_causal, scale=scale, group=group, layout=layout,
-                         block_size=block_size, enable_gqa=enable_gqa)  # fmt: skip
+    out = ring_attention(
+        q_,
+        k_,
+        v_,
+        is_causal=is_causal,
+        scale=scale,
+        group=group,
+        layout=layout,
+        block_size=block_size,
+        enable_gqa=enable_gqa,
+    )
     out.backward(shards[3])
     whole = []
     for local in (out.detach(), q_.grad, k_.grad, v_.grad):
@@ -78,7 +89,8 @@ def _message(fn):
 
 
 def _all_checks(rank, world_size):
-    """The 4-process run: every configuration on 4 ranks, on 2 ranks (sub-groups), and bad input."""
+    """The 4-process run: every configuration on 4 ranks, on 2 ranks (sub-groups), and
+    bad input."""
     q, k, v, go = _inputs()
     configs = [{"layout": lay, "is_causal": c, "scale": s} for lay, c, s in CONFIGS]
     runs = ring_forward_backward(rank, world_size, q, k, v, go, configs)
@@ -218,11 +230,12 @@ def test_bad_shards_raise_on_every_rank_before_blocking(four_process_run):
     )
     assert (
         errors["rank_2_bad"]
-        == "ValueError: rank 2 of the group rejected its inputs: query must be a torch.Tensor, got str"
+        == "ValueError: rank 2 of the group rejected its inputs: query must be a "
+        "torch.Tensor, got str"
     )
 
 
-# ----------------------------------------------------------------------------- the launcher never hangs
+# ------------------------------------------------------------- the launcher never hangs
 
 
 @pytest.mark.slow  # processes launched: make test, not make check
@@ -256,7 +269,7 @@ def test_launcher_rejects_bad_arguments():
         run_distributed(sleeping_worker, 1, 1.0, timeout=0)
 
 
-# ----------------------------------------------------------------------------- in this process
+# ---------------------------------------------------------------------- in this process
 
 
 @pytest.fixture
@@ -318,7 +331,7 @@ def test_bad_input_in_one_rank(one_process_group):
         ring_attention(torch.randn(1, 3, 5, 3), q, q, enable_gqa=True)
 
 
-# ----------------------------------------------------------------------------- layouts and schedule
+# ----------------------------------------------------------------- layouts and schedule
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
@@ -351,7 +364,8 @@ def test_shard_rejects_bad_input():
     x = torch.zeros(2, 10, 3)
     with pytest.raises(
         ValueError,
-        match="contiguous layout needs a sequence length n divisible by P = 3, got n = 10",
+        match="contiguous layout needs a sequence length n divisible by P = 3, "
+        "got n = 10",
     ):
         shard_sequence(x, 3, 0)
     with pytest.raises(

@@ -191,20 +191,30 @@ def test_the_chapter_rule_can_fail():
 
 
 # Facade names no chapter calls, each kept for a stated reason (the documented API).
+LEARNED_SPARSE = "learned sparse attention (chapter 13), equal to fla-core's references"
 DOCUMENTED_API = {
-    "use_course_style": "the figure style setup_notebook applies, for a reader's own notebook",
-    "RotaryConfig": "the RoPE options of MultiHeadAttention, MultiHeadLatentAttention, dual_chunk_attention",
-    "LocalAlignment": "the module form of local_alignment (chapter 9), with learned w_p and v_p",
-    "kimi_delta_attention": "the per-channel decay after gated DeltaNet, equal to fla's KDA",
+    "use_course_style": (
+        "the figure style setup_notebook applies, for a reader's own notebook"
+    ),
+    "RotaryConfig": (
+        "the RoPE options of MultiHeadAttention, MultiHeadLatentAttention, "
+        "dual_chunk_attention"
+    ),
+    "LocalAlignment": (
+        "the module form of local_alignment (chapter 9), with learned w_p and v_p"
+    ),
+    "kimi_delta_attention": (
+        "the per-channel decay after gated DeltaNet, equal to fla's KDA"
+    ),
     "GatedDeltaNet": "Qwen3-Next's linear-attention layer, equal to transformers' own",
-    "native_sparse_attention": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "moba_attention": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "lightning_index_scores": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "lightning_indexer": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "deepseek_sparse_attention": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "selection_mask": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "SelectionStats": "learned sparse attention (chapter 13), equal to fla-core's references",
-    "selection_stats": "learned sparse attention (chapter 13), equal to fla-core's references",
+    "native_sparse_attention": LEARNED_SPARSE,
+    "moba_attention": LEARNED_SPARSE,
+    "lightning_index_scores": LEARNED_SPARSE,
+    "lightning_indexer": LEARNED_SPARSE,
+    "deepseek_sparse_attention": LEARNED_SPARSE,
+    "selection_mask": LEARNED_SPARSE,
+    "SelectionStats": LEARNED_SPARSE,
+    "selection_stats": LEARNED_SPARSE,
 }
 
 

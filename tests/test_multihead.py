@@ -51,7 +51,7 @@ def _inputs(b, i, j, embed_dim, kdim, vdim, seed=1):
     return q, k, v
 
 
-# ---------------------------------------------------------------- split / merge / repeat
+# --------------------------------------------------------------- split / merge / repeat
 
 
 @given(
@@ -137,7 +137,8 @@ def test_parity_with_torch_self_attention_fast_path():
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_parity_with_torch_masks(fused):
-    """Our masks say True = may attend; torch's attn_mask and key_padding_mask say True = blocked."""
+    """Our masks say True = may attend; torch's attn_mask and key_padding_mask say True
+    = blocked."""
     ref = _torch_mha(12, 3)
     ours = MultiHeadAttention.from_torch(ref)
     q, k, v = _inputs(2, 5, 5, 12, 12, 12)
@@ -183,7 +184,7 @@ def test_from_torch_rejects_other_modules():
         MultiHeadAttention.from_torch(nn.Linear(2, 2))
 
 
-# ---------------------------------------------------------------- fused vs reference path
+# -------------------------------------------------------------- fused vs reference path
 
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
@@ -241,7 +242,8 @@ def test_matches_naive_loop_over_heads():
 @pytest.mark.parametrize("num_kv_heads", [1, 2, 3, 6])
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_gqa_equals_mha_with_repeated_kv_heads(num_kv_heads, need_weights):
-    """GQA is MHA whose key/value projections repeat each kv head's rows for its group."""
+    """GQA is MHA whose key/value projections repeat each kv head's rows for its
+    group."""
     torch.manual_seed(0)
     h, d = 6, 4
     gqa = MultiHeadAttention(h * d, h, num_kv_heads=num_kv_heads, dtype=DT)
@@ -700,7 +702,7 @@ def test_rope_is_given_only_as_a_rotary_config():
     assert MultiHeadAttention(8, 2, rope=RotaryConfig(base=50.0)).rope.base == 50.0
 
 
-# ---------------------------------------------------------------- one contract, every boundary
+# --------------------------------------------------------- one contract, every boundary
 
 
 def test_flags_must_be_real_bools():
@@ -728,13 +730,15 @@ def test_rejects_input_of_another_dtype_or_device():
     x = torch.randn(1, 3, 8, dtype=DT)
     with pytest.raises(
         TypeError,
-        match=r"query must have the dtype of the module's parameters \(torch.float32\), got torch.float64",
+        match=r"query must have the dtype of the module's parameters "
+        r"\(torch.float32\), got torch.float64",
     ):
         m(x, x, x)
     y = torch.randn(1, 3, 8)
     with pytest.raises(
         ValueError,
-        match="key and the module's parameters must be on the same device, got meta and cpu",
+        match="key and the module's parameters must be on the same device, "
+        "got meta and cpu",
     ):
         m(y, y.to("meta"), y)
     with pytest.raises(

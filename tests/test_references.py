@@ -1,4 +1,5 @@
-"""book/references.bib: every entry can be found, and the book lists it as the text cites it.
+"""book/references.bib: every entry can be found, and the book lists it as the text
+cites it.
 
 The bibliography's labels come from the pybtex style that book/_ext/course_html.py
 registers ("Vaswani et al., 2017", the form of the author-year citations in the text);

@@ -1,10 +1,10 @@
 """What the stored chapters put on the page: clean streams, 88 columns, readable text.
 
-The first tests check scripts/execute_chapter.py, which stores a chapter with its streams
-coalesced (a tqdm bar leaves its final frame only). The others read every stored chapter:
-no cell holds two consecutive outputs of one stream or a carriage return, every code line
-and printed line fits 88 columns (the width of the book's code column), and no figure
-text is set below 8 pt by an explicit size in a chapter's code.
+The first tests check scripts/execute_chapter.py, which stores a chapter with its
+streams coalesced (a tqdm bar leaves its final frame only). The others read every stored
+chapter: no cell holds two consecutive outputs of one stream or a carriage return, every
+code line and printed line fits 88 columns (the width of the book's code column), and no
+figure text is set below 8 pt by an explicit size in a chapter's code.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _text(value) -> str:
     return "".join(value) if isinstance(value, list) else value
 
 
-# --- scripts/execute_chapter.py ------------------------------------------------------------
+# --- scripts/execute_chapter.py -------------------------------------------------------
 def test_a_progress_bar_leaves_its_final_frame_only():
     ex = _script()
     frames = [
@@ -126,7 +126,7 @@ def test_execute_chapter_runs_a_fresh_kernel_in_the_notebooks_folder(tmp_path):
     assert [o["text"] for o in cells[1].outputs] == ["chapter_folder\n"]
 
 
-# --- The stored chapters ---------------------------------------------------------------
+# --- The stored chapters --------------------------------------------------------------
 def test_stored_chapters_hold_one_output_per_stream_and_no_progress_frames():
     bad = []
     for path in CHAPTERS:
@@ -203,7 +203,7 @@ def test_every_code_line_and_printed_line_fits_88_columns():
     )
 
 
-# --- Figure text sizes in the chapters' code ----------------------------------------------
+# --- Figure text sizes in the chapters' code ------------------------------------------
 TEXT_CALLS = {
     "text",
     "annotate",

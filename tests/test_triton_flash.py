@@ -10,9 +10,9 @@ hold on a GPU too.
 
 Tolerances (float32, unit-normal inputs): outputs, log-sum-exp and gradients agree with
 torch's SDPA and with ``tiled_attention`` within 2e-5 + 1e-5·|expected| (both sides are
-float32 computations that sum in different orders); gradients, which reach about 20 here,
-within 1e-4 + 1e-5·|expected|. In float16 the rule is flash-attn's:
-the error against a float32 reference is at most twice that of torch's own float16 SDPA.
+float32 computations that sum in different orders); gradients, which reach about 20
+here, within 1e-4 + 1e-5·|expected|. In float16 the rule is flash-attn's: the error
+against a float32 reference is at most twice that of torch's own float16 SDPA.
 """
 
 import os
@@ -24,9 +24,9 @@ import torch.nn.functional as F
 os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="the optional dependency triton is not installed")
 
-from attention import scaled_dot_product_attention, tiled_attention  # noqa: E402
-from attention.efficient import triton_flash  # noqa: E402
-from attention.efficient.triton_flash import (  # noqa: E402
+from attention import scaled_dot_product_attention, tiled_attention
+from attention.efficient import triton_flash
+from attention.efficient.triton_flash import (
     INTERPRETED,
     flash_attention_triton,
 )
@@ -42,8 +42,8 @@ def device(request):
     return request.param
 
 
-# (b, h, i, j, d): lengths not multiples of the block (16 on the interpreter), i != j both
-# ways, d in {16, 32, 64} and one d (40) that the kernel pads to a block of 64
+# (b, h, i, j, d): lengths not multiples of the block (16 on the interpreter), i != j
+# both ways, d in {16, 32, 64} and one d (40) that the kernel pads to a block of 64
 SHAPES = [
     (1, 2, 37, 37, 16),
     (2, 1, 20, 45, 32),

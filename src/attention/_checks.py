@@ -88,7 +88,7 @@ def check_real(name: str, value, *, allow_none: bool = False) -> float | None:
     try:
         return float(value)
     except OverflowError:  # an int (or Fraction) beyond the largest float, 1.8e308
-        power = int(math.log10(abs(int(value))))  # math.log10 takes any int
+        power = int(math.log10(abs(math.trunc(value))))  # math.log10 takes any int
         raise ValueError(
             f"{name} must be a number a float can hold (magnitude at most "
             f"{sys.float_info.max:.4g}), got {type(value).__name__} of about 1e{power}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -232,6 +233,14 @@ class RotaryConfig:
     def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """:func:`attention.apply_rope` of ``x`` ``(..., n, d)`` with these options."""
         return rotate(x, positions, self.base, self.interleaved, self.scaling)
+
+
+@overload
+def rope_config(rope, *, default: RotaryConfig) -> RotaryConfig: ...
+
+
+@overload
+def rope_config(rope, *, default: None) -> RotaryConfig | None: ...
 
 
 def rope_config(rope, *, default: RotaryConfig | None) -> RotaryConfig | None:

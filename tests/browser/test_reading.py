@@ -1,4 +1,5 @@
-"""What a reader sees: navigation on a phone and a desktop, clean outputs, math, figures.
+"""What a reader sees: navigation on a phone and a desktop, clean outputs, math,
+figures.
 
 Two kinds of check. Those that read the built HTML (streams per cell, line widths, raw
 math, alt texts, chapter numbers, bibliography labels) parse the pages and need no
@@ -6,8 +7,9 @@ browser. Those about behaviour and layout (the sidebar buttons, the start button
 screens, long formulas on a phone, dark mode, the favicon, opening a figure) drive
 headless Chromium at a phone's 400 px and a desktop's 1,400 px.
 
-Some checks fail on chapters that are being rewritten; they are marked xfail(strict=True)
-with the condition that removes the mark, so a fixed page fails loudly until it is.
+Some checks fail on chapters that are being rewritten; they are marked
+xfail(strict=True) with the condition that removes the mark, so a fixed page fails
+loudly until it is.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def topic(path: Path) -> str:
 
 
 def known(paths, failing: set[str], reason: str):
-    """Parameters for ``paths``, the pages whose topic is in ``failing`` marked xfail."""
+    """Parameters for ``paths``, the pages whose topic is in ``failing`` marked
+    xfail."""
     mark = pytest.mark.xfail(strict=True, reason=reason)
     return [
         pytest.param(p, id=page_id(p), marks=[mark] if topic(p) in failing else [])
@@ -71,7 +74,7 @@ def columns(line: str) -> int:
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line)
 
 
-# --- Outputs: one stream block per cell -----------------------------------------------------
+# --- Outputs: one stream block per cell -----------------------------------------------
 # Cells that print a line beside their progress bar (stdout and stderr blocks); the
 # chapters move the printed result to the next cell (CONVENTIONS, "Progress bars").
 TWO_STREAMS = {"position", "cross_attention", "scoring_alignment"}
@@ -89,7 +92,7 @@ def test_no_cell_shows_more_than_one_stream_block(path):
     assert crowded == [], f"{page_id(path)}: " + "; ".join(crowded)
 
 
-# --- Code and printed lines fit the column --------------------------------------------------
+# --- Code and printed lines fit the column --------------------------------------------
 def wide_lines(path: Path) -> list[str]:
     found = []
     for pre in soup(path).select("div.cell pre"):
@@ -147,7 +150,7 @@ def test_wide_screens_give_code_cells_the_empty_right_margin(browser, server):
     )
 
 
-# --- No raw math ---------------------------------------------------------------------------
+# --- No raw math ----------------------------------------------------------------------
 MATH_CLASSES = {"math", "tex2jax_process", "mathjax_process", "output_area"}
 NOT_PROSE = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "svg"}
 RAW_MATH = re.compile(r"\$|\\\(|\\\[")
@@ -197,7 +200,7 @@ def test_the_raw_math_check_sees_raw_math():
     assert len(found) == 3 and "tab title" in found[0] and "tooltip" in found[2], found
 
 
-# --- Alt text on every figure --------------------------------------------------------------
+# --- Alt text on every figure ---------------------------------------------------------
 # a file name or path standing in for a description: one word with a slash or an image
 # extension ("../_images/9db0....png"); "tokens/s against length" is a description
 PATH_LIKE = re.compile(r"^\S*(/|\\|\.(png|jpe?g|svg|gif|webp)\b)\S*$", re.I)
@@ -234,7 +237,7 @@ def test_every_chapter_figure_has_alt_text_that_says_what_it_shows():
     assert CHAPTER_PAGES and bad == [], f"{len(bad)} images:\n" + "\n".join(bad[:30])
 
 
-# --- Chapter numbers -----------------------------------------------------------------------
+# --- Chapter numbers ------------------------------------------------------------------
 def test_chapter_titles_tabs_and_sidebar_show_the_chapter_number():
     wrong = []
     for n, stem in enumerate(toc_chapters(), 1):
@@ -257,7 +260,7 @@ def test_chapter_titles_tabs_and_sidebar_show_the_chapter_number():
     assert wrong == [], "\n".join(wrong)
 
 
-# --- Bibliography --------------------------------------------------------------------------
+# --- Bibliography ---------------------------------------------------------------------
 def test_bibliography_labels_read_like_the_citations_in_the_text():
     entries = {}
     for div in soup(HTML / "book" / "bibliography.html").select("div.citation"):
@@ -279,7 +282,7 @@ def test_bibliography_labels_read_like_the_citations_in_the_text():
     assert entries and mismatched == [], "\n".join(mismatched[:20])
 
 
-# --- Navigation: the ☰ and contents buttons --------------------------------------------------
+# --- Navigation: the ☰ and contents buttons ------------------------------------------
 def _phone(browser):
     context = browser.new_context(viewport=PHONE, has_touch=True, is_mobile=True)
     return context, context.new_page()
@@ -330,7 +333,7 @@ def test_on_a_desktop_the_menu_button_collapses_and_restores_the_sidebar(
         page.close()
 
 
-# --- The landing page ----------------------------------------------------------------------
+# --- The landing page -----------------------------------------------------------------
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["400px", "1400px"])
 def test_the_landing_page_starts_the_reader_at_chapter_1(browser, server, viewport):
     page = browser.new_page(viewport=viewport)
@@ -364,7 +367,7 @@ def test_the_landing_page_opens_chapter_1_in_this_repository_on_colab():
     assert expected in hrefs
 
 
-# --- Small things --------------------------------------------------------------------------
+# --- Small things ---------------------------------------------------------------------
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_the_colour_mode_follows_the_system(browser, server, scheme):
     context = browser.new_context(color_scheme=scheme)
@@ -412,8 +415,8 @@ def test_long_display_math_scrolls_on_a_phone_and_shows_it(browser, server):
               await MathJax.typesetPromise([div]);
               const box = div.querySelector('mjx-container');
               const style = getComputedStyle(box);
-              return {overflow: style.overflowX, scroll: box.scrollWidth, width: box.clientWidth,
-                      cue: style.backgroundImage,
+              return {overflow: style.overflowX, scroll: box.scrollWidth,
+                      width: box.clientWidth, cue: style.backgroundImage,
                       page: document.documentElement.scrollWidth};
             }""",
             terms,
@@ -436,11 +439,13 @@ def test_on_a_phone_a_figure_fits_and_opens_full_size(browser, server):
     try:
         page.goto(f"{server}/{page_id(path)}")  # images loaded: their shape is known
         figures = page.evaluate(
-            """() => Array.from(document.querySelectorAll('div.cell_output img')).map(img => {
+            """() => Array.from(document.querySelectorAll('div.cell_output img'))
+              .map(img => {
               const a = img.closest('a');
               const r = img.getBoundingClientRect();
               return {src: img.src, href: a ? a.href : null, width: r.width,
-                      shape: (r.height / r.width) / (img.naturalHeight / img.naturalWidth)};
+                      shape: (r.height / r.width)
+                             / (img.naturalHeight / img.naturalWidth)};
             })"""
         )
         assert figures and all(f["href"] == f["src"] for f in figures), figures

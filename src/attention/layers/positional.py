@@ -152,8 +152,7 @@ def rope_frequencies(
     """
     d = check_feature_size(d)
     base = check_base(base)
-    scaling = check_scaling(scaling, d)
-    return inv_freq(d, base, scaling)
+    return inv_freq(d, base, check_scaling(scaling, d))
 
 
 def apply_rope(
