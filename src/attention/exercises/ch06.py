@@ -57,7 +57,7 @@ def _split_only_reshaped(x, num_heads):
 
 
 def _numbered(b: int, length: int, features: int) -> Tensor:
-    """``0, 1, 2 ...`` in reading order: where a number lands shows where it came from."""
+    """``0, 1, 2 ...`` in reading order: where a number lands shows its origin."""
     return torch.arange(b * length * features, dtype=torch.float64).reshape(
         b, length, features
     )
@@ -76,11 +76,11 @@ def check_split_heads(fn) -> None:
 
     Head ``n`` owns the contiguous features ``n d ... n d + d - 1`` of every token: a
     reshape to ``(b, L, h, d)`` and a transpose that brings the heads next to the batch.
-    ``fn`` returns ``(b, h, L, d)`` with ``d = x.shape[-1] // num_heads``. The first input
-    is numbered ``0, 1, 2 ...`` so a misplaced feature shows where it came from. Known
-    mistakes are named: a reshape straight to ``(b, h, L, d)`` (no transpose), every
-    h-th feature given to a head (the wrong split of the axis), the transpose left out.
-    Compared exactly (it only moves numbers).
+    ``fn`` returns ``(b, h, L, d)`` with ``d = x.shape[-1] // num_heads``. The first
+    input is numbered ``0, 1, 2 ...`` so a misplaced feature shows where it came from.
+    Known mistakes are named: a reshape straight to ``(b, h, L, d)`` (no transpose),
+    every h-th feature given to a head (the wrong split of the axis), the transpose left
+    out. Compared exactly (it only moves numbers).
 
     Example:
         >>> def my_split_heads(x, num_heads):
