@@ -49,8 +49,6 @@ NOT_YET_CONVERTED = {
     "02_softmax",
     "03_scaling",
     "04_masking",
-    "05_self_attention",
-    "06_multi_head",
     "07_position",
     "08_cross_attention",
     "09_scoring_alignment",

@@ -1,0 +1,525 @@
+"""Diagrams of the Attention layers part (chapters 5-9): order, heads, caches.
+
+Each function returns a matplotlib Figure drawn with :mod:`._draw`; a chapter shows it
+in a cell tagged ``diagram`` and ``remove-input``. Every number and shape printed in a
+diagram is computed by the package on a tiny seeded example (``SelfAttention``,
+``split_heads``, ``merge_heads``, ``scaled_dot_product_attention``,
+``MultiHeadAttention`` with its ``KVCache``, ``kv_cache_bytes_per_token``), so the
+picture cannot drift from the mechanism it shows; each such text carries a ``gid``
+naming what it shows (``weights[r,c]``, ``shape:heads`` ...) for the tests.
+
+The module has one section per chapter; chapters 7-9 add theirs below chapter 6's.
+
+Shape legend: ``n`` or ``L`` tokens, ``b`` batch, ``h`` query heads, ``h_kv``
+key/value heads, ``d`` head size. Mask convention: boolean, **True = may attend**, as
+in ``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.colors import Normalize
+
+from ...foundations.scaled_dot_product import scaled_dot_product_attention
+from ...layers.kv_cache import kv_cache_bytes_per_token
+from ...layers.multihead import MultiHeadAttention, merge_heads, split_heads
+from ...layers.self_attention import SelfAttention
+from . import _draw as draw
+
+__all__ = [
+    "permutation_equivariance",
+    "split_merge_heads",
+    "grouped_query_heads",
+    "kv_cache_growth",
+]
+
+#: Colours that tell tokens (or heads) apart, the Okabe-Ito hues not used by ROLE.
+HUES = ("#e69f00", "#56b4e9", "#cc79a7", "#f0e442")
+
+
+def _shape(size) -> str:
+    return "(" + ", ".join(str(n) for n in size) + ")"
+
+
+def _row_fills(colours, cols: int, amount: float = 0.35):
+    """One tinted colour per row, repeated across its ``cols`` cells."""
+    return [[draw.tint(c, amount)] * cols for c in colours]
+
+
+# =========================================================================== chapter 5
+
+
+_PERM_TOKENS = ("cats", "chase", "mice")
+
+
+def permutation_example():
+    """The tiny seeded head of :func:`permutation_equivariance`, in float64.
+
+    Returns:
+        ``(tokens, x, perm, head)``: three token names, their vectors ``x`` ``(3, 4)``,
+        the new order ``perm`` (row ``r`` of ``x[perm]`` is token ``perm[r]``) and a
+        ``SelfAttention(4, 2, 2)``.
+    """
+    torch.manual_seed(5)
+    head = SelfAttention(4, 2, 2).double()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    return _PERM_TOKENS, x, torch.tensor([2, 0, 1]), head
+
+
+def permutation_equivariance():
+    """Reordering the tokens reorders the output rows, and nothing else changes.
+
+    A seeded ``SelfAttention`` head runs on three tokens in their order and in a new
+    order ``P X``. The weights of the reordered tokens are ``P A P^T`` (the same
+    numbers, rows and columns moved) and their outputs ``P Z`` (the same rows, moved):
+    each token's output does not depend on where it stands. All numbers are the head's own
+    results (its weights with ``need_weights=True``).
+
+    Returns:
+        The Figure.
+    """
+    tokens, x, perm, head = permutation_example()
+    with torch.no_grad():
+        z, a = head(x, need_weights=True)  # (3, 2), (3, 3)
+        zp, ap = head(x[perm], need_weights=True)  # the reordered tokens
+    hues = dict(zip(tokens, HUES))
+    order = [tokens[p] for p in perm.tolist()]
+
+    fig, ax = draw.canvas(
+        7.2, 4.55, "Reorder the tokens and the outputs reorder with them"
+    )
+    cell, wcell = 0.22, 0.36
+    rows = {"in order": (tokens, a, z, 2.95), "reordered": (order, ap, zp, 1.2)}
+    for k, (name, (names, weights, out, y)) in enumerate(rows.items()):
+        suffix = "" if k == 0 else "P"
+        xb = draw.matrix(
+            ax,
+            (1.2, y),
+            *x.shape,
+            cell=cell,
+            name="X" if k == 0 else "P X",
+            shape=_shape(x.shape),
+            fills=_row_fills([hues[t] for t in names], x.shape[1]),
+            row_labels=names,
+            gid=f"{suffix}X",
+        )
+        ab = draw.heatmap(
+            ax,
+            (3.2, y),
+            weights,
+            cell=wcell,
+            name="weights A" if k == 0 else "weights P A Pᵀ",
+            row_labels=names,
+            col_labels=names,
+            colorbar="weight" if k == 0 else None,
+            gid=f"{suffix}A",
+        )
+        ob = draw.matrix(
+            ax,
+            (6.1, y),
+            *out.shape,
+            cell=wcell,
+            values=out,
+            name="output Z" if k == 0 else "output P Z",
+            shape=_shape(out.shape),
+            fills=_row_fills([hues[t] for t in names], out.shape[1]),
+            row_labels=names,
+            gid=f"{suffix}Z",
+        )
+        draw.arrow(ax, (xb.right + 0.05, y), (ab.left - 0.5, y), text="attend")
+        draw.arrow(ax, (ab.right + 0.75, y), (ob.left - 0.5, y), text="× V")
+        draw.label(
+            ax,
+            (0.18, y),
+            name,
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            ha="left",
+            rotation=90,
+        )
+    draw.label(
+        ax,
+        (3.6, 0.3),
+        "attention(P X) = P attention(X): the same rows, in the new order",
+        size=draw.SMALL,
+    )
+    return fig
+
+
+# =========================================================================== chapter 6
+
+
+def split_example():
+    """The numbered input and the per-head outputs of :func:`split_merge_heads`.
+
+    Returns:
+        ``(x, heads, out, merged)``: ``x`` ``(1, 2, 6)`` holds ``0 ... 11`` (2 tokens,
+        3 heads of size 2), ``heads = split_heads(x, 3)`` ``(1, 3, 2, 2)``, ``out`` the
+        attention of every head on itself (``q = k = v`` = the head's slice, scaled by
+        1/4 so the weights do not saturate) and ``merged = merge_heads(out)``.
+    """
+    x = torch.arange(12, dtype=torch.float64).reshape(1, 2, 6)
+    heads = split_heads(x, 3)  # (1, 3, 2, 2)
+    small = heads / 4
+    out = scaled_dot_product_attention(small, small, heads)  # (1, 3, 2, 2)
+    return x, heads, out, merge_heads(out)
+
+
+def split_merge_heads():
+    """split_heads and merge_heads: which numbers each head gets, and where they return.
+
+    ``x`` ``(b, L, h d) = (1, 2, 6)`` holds the numbers 0 ... 11 (two tokens, three
+    heads of size 2), coloured by the head that owns them. ``split_heads`` (a reshape to
+    ``(b, L, h, d)`` and a transpose) gives each head an ``(L, d)`` matrix: its two
+    features of every token. Attention runs in every head separately; ``merge_heads``
+    (the transpose back and a reshape) puts each head's output back in its columns.
+    Numbers and shapes are the package's results.
+
+    Returns:
+        The Figure.
+    """
+    x, heads, out, merged = split_example()
+    h = heads.shape[1]
+    fig, ax = draw.canvas(
+        7.2, 4.75, "Heads split off and merged back: a reshape and a transpose"
+    )
+    cell = 0.3
+    top, bottom = 3.15, 1.0
+    tokens = ("token 0", "token 1")
+
+    def by_head(m):  # fills of an (L, h d) matrix, one hue per head's columns
+        d = m.shape[-1] // h
+        return [[draw.tint(HUES[c // d], 0.45) for c in range(m.shape[-1])] for _ in m]
+
+    def note(xy, text, gid=None, **kw):
+        t = draw.label(ax, xy, text, size=draw.SMALL, colour=draw.MUTED, **kw)
+        if gid is not None:
+            t.set_gid(gid)
+
+    xb = draw.matrix(
+        ax,
+        (1.55, top),
+        *x.shape[1:],
+        cell=cell,
+        values=x[0],
+        fmt="{:.0f}",
+        name="x",
+        fills=by_head(x[0]),
+        row_labels=tokens,
+        gid="x",
+    )
+    note(
+        (xb.centre[0], xb.bottom - 0.07),
+        f"(b, L, h·d) = {_shape(x.shape)}",
+        "shape:x",
+        va="top",
+    )
+    for n in range(h):
+        left = xb.left + n * 2 * cell
+        draw.bracket(
+            ax,
+            (left + 0.03, xb.top + 0.32),
+            (left + 2 * cell - 0.03, xb.top + 0.32),
+            f"head {n}",
+            side="above",
+            depth=0.06,
+        )
+    centres = [4.55 + 0.95 * n for n in range(h)]
+    head_boxes, out_boxes = [], []
+    for n, cx in enumerate(centres):
+        fills = [[draw.tint(HUES[n], 0.45)] * 2 for _ in range(2)]
+        head_boxes.append(
+            draw.matrix(
+                ax,
+                (cx, top),
+                2,
+                2,
+                cell=cell,
+                values=heads[0, n],
+                fmt="{:.0f}",
+                name=f"head {n}",
+                fills=fills,
+                gid=f"head{n}",
+            )
+        )
+        out_boxes.append(
+            draw.matrix(
+                ax,
+                (cx, bottom),
+                2,
+                2,
+                cell=cell,
+                values=out[0, n],
+                fmt="{:.1f}",
+                name=f"output {n}",
+                fills=fills,
+                gid=f"out{n}",
+                size=8.5,
+            )
+        )
+        draw.arrow(ax, (cx, head_boxes[-1].bottom - 0.05), (cx, bottom + 0.58))
+    note(
+        (centres[1], head_boxes[1].top + 0.3),
+        f"(b, h, L, d) = {_shape(heads.shape)}",
+        "shape:heads",
+        va="bottom",
+    )
+    note(
+        (centres[0] - 0.25, (top + bottom) / 2 + 0.05),
+        "attention\nin each head",
+        ha="right",
+    )
+    mb = draw.matrix(
+        ax,
+        (1.55, bottom),
+        *merged.shape[1:],
+        cell=cell,
+        values=merged[0],
+        fmt="{:.1f}",
+        name="merged",
+        fills=by_head(merged[0]),
+        row_labels=tokens,
+        gid="merged",
+        size=8.5,
+    )
+    note(
+        (mb.centre[0], mb.bottom - 0.07),
+        f"(b, L, h·d) = {_shape(merged.shape)}",
+        "shape:merged",
+        va="top",
+    )
+    start, end = xb.right + 0.12, head_boxes[0].left - 0.12
+    draw.arrow(ax, (start, top), (end, top), text="split_heads")
+    note(((start + end) / 2, top - 0.08), "reshape,\ntranspose(1, 2)", va="top")
+    start, end = out_boxes[0].left - 0.12, mb.right + 0.12
+    draw.arrow(ax, (start, bottom), (end, bottom), text="merge_heads")
+    note(((start + end) / 2, bottom - 0.08), "transpose(1, 2),\nreshape", va="top")
+    return fig
+
+
+def head_groups(num_heads: int, num_kv_heads: int) -> list[int]:
+    """The key/value head each query head reads, found by running attention.
+
+    Key/value head ``g`` holds values equal to ``g``; with ``enable_gqa=True`` the
+    package's ``scaled_dot_product_attention`` returns, in query head ``n``, the value
+    of the key/value head it reads.
+    """
+    q = torch.zeros(1, num_heads, 1, 1)
+    k = torch.zeros(1, num_kv_heads, 1, 1)
+    v = torch.arange(num_kv_heads, dtype=torch.float32).reshape(1, num_kv_heads, 1, 1)
+    out = scaled_dot_product_attention(q, k, v, enable_gqa=True)  # (1, h, 1, 1)
+    return [round(g) for g in out.flatten().tolist()]
+
+
+def grouped_query_heads():
+    """Multi-head, grouped-query and multi-query attention: who shares keys and values.
+
+    Eight query heads (top) read key/value heads (bottom): eight of them in MHA, two in
+    GQA (each serving a group of four consecutive query heads), one in MQA. The lines
+    are found by running the package's attention with ``enable_gqa=True``; the cache
+    size under each panel is ``kv_cache_bytes_per_token`` for heads of size 128 in
+    fp16, per token and per layer.
+
+    Returns:
+        The Figure.
+    """
+    h, d = 8, 128
+    fig, ax = draw.canvas(7.2, 3.3, "Query heads share key/value heads: MHA, GQA, MQA")
+    panels = (("MHA", 8), ("GQA", 2), ("MQA", 1))
+    width, box, gap = 2.27, 0.19, 0.05
+    q_y, k_y = 2.2, 1.3  # centres of the query row and of the key cells
+    for p, (name, h_kv) in enumerate(panels):
+        mid = 0.32 + p * width + width / 2
+        groups = head_groups(h, h_kv)
+        row = h * box + (h - 1) * gap
+        qx = [mid - row / 2 + n * (box + gap) + box / 2 for n in range(h)]
+        # each key/value head sits under the middle of the query heads that read it
+        kx = [
+            sum(qx[n] for n in range(h) if groups[n] == g) / groups.count(g)
+            for g in range(h_kv)
+        ]
+        title = draw.label(
+            ax, (mid, 2.55), f"{name}: h_kv = {h_kv}", fontweight="bold", va="bottom"
+        )
+        title.set_gid(f"title:{name}")
+        for n, cx in enumerate(qx):
+            g = groups[n]
+            line = ax.plot(
+                [cx, kx[g]],
+                [q_y - box / 2, k_y + box / 2],
+                color=draw.MUTED,
+                lw=0.9,
+            )[0]
+            line.set_gid(f"{name}:q{n}->kv{g}")
+            draw.matrix(ax, (cx, q_y), 1, 1, cell=box, colour=draw.ROLE["query"])
+        for cx in kx:
+            for role, y in (("key", k_y), ("value", k_y - box)):
+                draw.matrix(ax, (cx, y), 1, 1, cell=box, colour=draw.ROLE[role])
+        if 1 < h_kv < h:
+            size = h // h_kv
+            for g in range(h_kv):
+                left, right = qx[g * size] - box / 2, qx[g * size + size - 1] + box / 2
+                draw.bracket(
+                    ax,
+                    (left + 0.02, q_y + box / 2 + 0.06),
+                    (right - 0.02, q_y + box / 2 + 0.06),
+                    side="above",
+                    depth=0.05,
+                )
+        if p == 0:
+            for text, y in (("Q", q_y), ("K", k_y), ("V", k_y - box)):
+                draw.label(ax, (qx[0] - 0.15, y), text, size=draw.SMALL, ha="right")
+        kib = kv_cache_bytes_per_token(h_kv, d, dtype=torch.float16) / 2**10
+        text = draw.label(
+            ax,
+            (mid, 0.72),
+            f"cache: {kib:g} KiB per token\nper layer (d = {d}, fp16)",
+            size=draw.SMALL,
+            colour=draw.MUTED,
+        )
+        text.set_gid(f"bytes:{name}")
+    draw.label(
+        ax,
+        (3.6, 0.24),
+        "query head n reads key/value head n // (h / h_kv); here h = 8",
+        size=draw.SMALL,
+    )
+    return fig
+
+
+def cache_example():
+    """The decoding run of :func:`kv_cache_growth`: a prompt of 3, then 2 steps.
+
+    Returns:
+        ``(steps, max_len)``: for each call, ``(new, length, weights)`` with the number
+        of new tokens, the cache's length after the call and the newest query's weights
+        over the cached keys (head 0, ``(length,)``); ``max_len`` the cache's capacity.
+    """
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(8, 2, num_kv_heads=1).eval()
+    x = torch.randn(1, 5, 8)
+    cache = layer.new_cache(batch_size=1, max_len=5)
+    steps = []
+    with torch.no_grad():
+        for start, stop in ((0, 3), (3, 4), (4, 5)):
+            chunk = x[:, start:stop]
+            _, w = layer(
+                chunk, chunk, chunk, is_causal=True, cache=cache, need_weights=True
+            )
+            steps.append((stop - start, cache.length, w[0, 0, -1]))
+    return steps, cache.max_len
+
+
+def kv_cache_growth():
+    """The KV cache during decoding: one key and one value appended per step.
+
+    A ``MultiHeadAttention`` layer with a ``KVCache`` of 5 positions reads a prompt of
+    3 tokens (the prefill), then generates one token per step. After each call the
+    cache holds the keys and values of every position so far (the new ones dark); the
+    newest query attends to all of them, and its weights (head 0) are the layer's own.
+    Nothing earlier is recomputed.
+
+    Returns:
+        The Figure.
+    """
+    steps, max_len = cache_example()
+    fig, ax = draw.canvas(
+        7.2, 4.6, "The KV cache grows by one key and one value per step"
+    )
+    cell = 0.3
+    names = ("prefill: tokens 0-2", "step: token 3", "step: token 4")
+    empty = draw.tint(draw.MUTED, 0.08)
+    for s, ((new, length, weights), name) in enumerate(zip(steps, names)):
+        y = 3.45 - 1.2 * s
+        draw.label(ax, (0.25, y), name, ha="left", fontweight="bold")
+        lab = draw.label(
+            ax,
+            (0.25, y - 0.3),
+            f"cache length {length}/{max_len}",
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            ha="left",
+        )
+        lab.set_gid(f"length{s}")
+        for r, (role, tag) in enumerate((("key", "K"), ("value", "V"))):
+            colour = draw.ROLE[role]
+            fills = [
+                [
+                    colour
+                    if length - new <= c < length
+                    else draw.tint(colour, 0.3)
+                    if c < length
+                    else empty
+                    for c in range(max_len)
+                ]
+            ]
+            b = draw.matrix(
+                ax,
+                (3.0, y + 0.17 - r * 0.36),
+                1,
+                max_len,
+                cell=cell,
+                fills=fills,
+                colour=draw.INK,
+                gid=f"{tag}{s}",
+            )
+            draw.label(
+                ax, (b.left - 0.1, b.centre[1]), tag, size=draw.SMALL, ha="right"
+            )
+        left = 4.85
+        heat = draw.heatmap(
+            ax,
+            (left + length * cell / 2, y),
+            weights[None],
+            cell=cell,
+            colorbar=None,
+            gid=f"weights{s}",
+            size=8.0,
+            fmt="{:.1f}",
+        )
+        for c in range(length, max_len):
+            draw.matrix(
+                ax,
+                (left + (c + 0.5) * cell, y),
+                1,
+                1,
+                cell=cell,
+                fills=[[empty]],
+                colour=draw.GRID,
+            )
+        draw.arrow(ax, (b.right + 0.1, y), (heat.left - 0.1, y), text="attend")
+        if s == 0:
+            draw.label(
+                ax,
+                (left + max_len * cell / 2, y + 0.35),
+                "newest query's weights (head 0)",
+                size=draw.SMALL,
+                colour=draw.MUTED,
+                va="bottom",
+            )
+            draw.label(
+                ax,
+                (3.0, y + 0.52),
+                "positions 0-4",
+                size=draw.SMALL,
+                colour=draw.MUTED,
+                va="bottom",
+            )
+    # one colour bar for the three rows of weights, right of them
+    cax = ax.inset_axes([6.6, 1.0, 0.1, 2.3], transform=ax.transData)
+    bar = fig.colorbar(
+        plt.cm.ScalarMappable(norm=Normalize(0, 1), cmap=draw.WEIGHT_CMAP), cax=cax
+    )
+    bar.set_ticks([0, 0.5, 1])
+    bar.ax.tick_params(labelsize=draw.SMALL, colors=draw.MUTED, length=2)
+    bar.outline.set_edgecolor(draw.GRID)
+    bar.set_label("weight", fontsize=draw.SMALL, color=draw.MUTED, labelpad=2)
+    draw.label(
+        ax,
+        (3.6, 0.25),
+        "dark: appended by this call; light: kept from earlier calls, never recomputed",
+        size=draw.SMALL,
+    )
+    return fig

@@ -1,0 +1,134 @@
+"""The diagrams of the Attention layers part (attention/course/diagrams/layers.py).
+
+``tests/test_diagrams.py`` checks every diagram's size, title and fonts; here the
+numbers and shapes each one prints are read back from its text artists (by their
+``gid``) and compared with an independent computation (torch's own functions, or the
+same layer run another way).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+import torch.nn.functional as F
+from matplotlib.lines import Line2D
+from matplotlib.text import Text
+
+from attention import MultiHeadAttention, use_course_style
+from attention.course import diagrams
+from attention.course.diagrams.layers import permutation_example
+
+
+@pytest.fixture(autouse=True)
+def style_and_close():
+    use_course_style()
+    yield
+    plt.close("all")
+
+
+def by_gid(fig, kind=Text) -> dict[str, object]:
+    return {a.get_gid(): a for a in fig.findobj(kind) if a.get_gid()}
+
+
+def shown(fig, name: str, rows: int, cols: int) -> list[list[str]]:
+    texts = by_gid(fig)
+    return [
+        [texts[f"{name}[{r},{c}]"].get_text() for c in range(cols)] for r in range(rows)
+    ]
+
+
+def formatted(matrix, fmt: str) -> list[list[str]]:
+    def one(v):
+        text = fmt.format(float(v))
+        return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+    return [[one(v) for v in row] for row in matrix]
+
+
+def test_the_layers_diagrams_are_listed():
+    for name in (
+        "permutation_equivariance",
+        "split_merge_heads",
+        "grouped_query_heads",
+        "kv_cache_growth",
+    ):
+        assert name in diagrams.__all__
+
+
+def test_permutation_equivariance_prints_the_heads_weights_and_outputs():
+    fig = diagrams.permutation_equivariance()
+    tokens, x, perm, head = permutation_example()
+    wq, wk, wv = (m.weight.detach() for m in (head.w_query, head.w_key, head.w_value))
+
+    def attend(t):  # softmax(Q K^T / sqrt(d)) V by hand
+        q, k, v = t @ wq.T, t @ wk.T, t @ wv.T
+        a = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
+        return a, a @ v
+
+    a, z = attend(x)
+    ap, zp = attend(x[perm])
+    assert shown(fig, "A", 3, 3) == formatted(a, "{:.2f}")
+    assert shown(fig, "Z", 3, 2) == formatted(z, "{:.2f}")
+    assert shown(fig, "PA", 3, 3) == formatted(ap, "{:.2f}")
+    assert shown(fig, "PZ", 3, 2) == formatted(zp, "{:.2f}")
+    # what the picture claims: the same numbers, moved with the tokens
+    assert shown(fig, "PA", 3, 3) == formatted(a[perm][:, perm], "{:.2f}")
+    assert shown(fig, "PZ", 3, 2) == formatted(z[perm], "{:.2f}")
+
+
+def test_split_merge_heads_shows_where_each_number_goes():
+    fig = diagrams.split_merge_heads()
+    x = torch.arange(12.0, dtype=torch.float64).reshape(2, 6)  # 2 tokens, 3 heads of 2
+    assert shown(fig, "x", 2, 6) == formatted(x, "{:.0f}")
+    outs = []
+    for n in range(3):
+        head = x[:, 2 * n : 2 * n + 2]  # the contiguous features of head n
+        assert shown(fig, f"head{n}", 2, 2) == formatted(head, "{:.0f}")
+        out = F.scaled_dot_product_attention(head / 4, head / 4, head)
+        assert shown(fig, f"out{n}", 2, 2) == formatted(out, "{:.1f}")
+        outs.append(out)
+    assert shown(fig, "merged", 2, 6) == formatted(torch.cat(outs, dim=-1), "{:.1f}")
+    texts = by_gid(fig)
+    assert texts["shape:x"].get_text().endswith("= (1, 2, 6)")
+    assert texts["shape:heads"].get_text().endswith("= (1, 3, 2, 2)")
+    assert texts["shape:merged"].get_text().endswith("= (1, 2, 6)")
+
+
+def test_grouped_query_heads_draws_each_query_heads_group_and_the_cache():
+    fig = diagrams.grouped_query_heads()
+    lines = by_gid(fig, Line2D)
+    texts = by_gid(fig)
+    for name, h_kv in (("MHA", 8), ("GQA", 2), ("MQA", 1)):
+        drawn = sorted(
+            tuple(int(n) for n in re.fullmatch(rf"{name}:q(\d+)->kv(\d+)", g).groups())
+            for g in lines
+            if g.startswith(f"{name}:")
+        )
+        assert drawn == [(n, n // (8 // h_kv)) for n in range(8)], name
+        kib = (
+            2 * h_kv * 128 * 2 / 1024
+        )  # a key and a value of 128 fp16 numbers per head
+        assert texts[f"bytes:{name}"].get_text().startswith(f"cache: {kib:g} KiB"), name
+        assert texts[f"title:{name}"].get_text() == f"{name}: h_kv = {h_kv}"
+
+
+def test_kv_cache_growth_prints_the_lengths_and_the_newest_querys_weights():
+    fig = diagrams.kv_cache_growth()
+    texts = by_gid(fig)
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(8, 2, num_kv_heads=1).eval()
+    x = torch.randn(1, 5, 8)
+    with torch.no_grad():  # the whole sequence at once, no cache
+        _, w = layer(x, x, x, is_causal=True, need_weights=True)  # (1, 2, 5, 5)
+    for s, length in enumerate((3, 4, 5)):
+        assert texts[f"length{s}"].get_text() == f"cache length {length}/5"
+        row = w[0, 0, length - 1, :length]  # the newest query, over the keys so far
+        assert shown(fig, f"weights{s}", 1, length) == formatted(row[None], "{:.1f}")
