@@ -42,7 +42,14 @@ from .._checks import (
     validate_attention,
     validate_weights,
 )
-from .._core import add_mask, attention_scores, expand_kv_heads, masked_softmax
+from .._core import (
+    add_mask,
+    attention_scores,
+    expand_kv_heads,
+    masked_softmax,
+    max_shift,
+    row_max,
+)
 
 __all__ = [
     "sparsemax",
@@ -68,8 +75,7 @@ def _shifted_rows(x: Tensor, dim: int) -> Tensor:
     z = x.transpose(dim, -1)
     if z.dtype in (torch.float16, torch.bfloat16):
         z = z.float()
-    top = z.amax(-1, keepdim=True)
-    return z - top.masked_fill(torch.isneginf(top), 0.0)
+    return z - max_shift(row_max(z, -1))
 
 
 class _Sparsemax(torch.autograd.Function):
