@@ -1,8 +1,8 @@
 """attention: the tested package behind the course "Attention, line by line".
 
-Mask convention everywhere: boolean, True = may attend, broadcastable to ``(b, h, i, j)``
-(as in ``torch.nn.functional.scaled_dot_product_attention``); float masks are added to
-the scores.
+Mask convention everywhere: boolean, True = may attend, broadcastable to
+``(b, h, i, j)`` (as in ``torch.nn.functional.scaled_dot_product_attention``); float
+masks are added to the scores.
 
 The package is laid out like the book: ``foundations`` (chapters 1-4), ``layers``
 (5-9), ``efficient`` (10-16), ``practice`` (17-18), ``reading`` (19-20), and ``course``

@@ -1,10 +1,11 @@
-"""What the key/value caches share (private): buffer checks, read-outs and update checks.
+"""What the key/value caches share (private): buffer checks, read-outs and update
+checks.
 
 :class:`attention.KVCache`, :class:`attention.PagedKVCache`,
 :class:`attention.StreamingKVCache` and :class:`attention.LatentKVCache` keep their
 positions in preallocated buffers. The rules for building those buffers, the properties
-that read them (``dtype``, ``device``, ``nbytes``, ``remaining``) and the checks on new keys
-and values are written once here.
+that read them (``dtype``, ``device``, ``nbytes``, ``remaining``) and the checks on new
+keys and values are written once here.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def zero_buffers(shape: tuple[int, ...], dtype, device) -> tuple[Tensor, Tensor]
 def check_new_kv(
     key, value, layout: str, owner: str | None = None, stored: Tensor | None = None
 ) -> None:
-    """New ``key`` and ``value``: floating tensors of shape ``layout`` (as ``"(b, h_kv, n, d)"``)
-    and of one shape; with ``owner`` (``"the cache"``), of the dtype and device of ``stored``."""
+    """New ``key`` and ``value``: floating tensors of shape ``layout`` (as
+    ``"(b, h_kv, n, d)"``) and of one shape; with ``owner`` (``"the cache"``), of the
+    dtype and device of ``stored``."""
     ndim = layout.count(",") + 1
     for name, t in (("key", key), ("value", value)):
         check_tensor(name, t, floating=True)
@@ -62,8 +64,8 @@ def check_new_kv(
 
 
 class CacheBuffers:
-    """``dtype``, ``device`` and ``nbytes`` of a cache whose tensors :meth:`_buffers` lists
-    (``keys`` and ``values`` unless a subclass says otherwise)."""
+    """``dtype``, ``device`` and ``nbytes`` of a cache whose tensors :meth:`_buffers`
+    lists (``keys`` and ``values`` unless a subclass says otherwise)."""
 
     keys: Tensor
     values: Tensor
@@ -107,6 +109,6 @@ class LinearCache(CacheBuffers):
     def _check_fits(self, num_new: int) -> None:
         if num_new > self.remaining:
             raise ValueError(
-                f"the cache holds at most max_len={self.max_len} positions: {self.length} are "
-                f"stored and {num_new} more do not fit"
+                f"the cache holds at most max_len={self.max_len} positions: "
+                f"{self.length} are stored and {num_new} more do not fit"
             )

@@ -29,16 +29,19 @@ from torch import Tensor
 
 
 def check_bool(name: str, value) -> bool:
-    """Require a real ``bool`` (``'no'``, ``0`` or ``None`` are refused, not coerced)."""
+    """Require a real ``bool`` (``'no'``, ``0`` or ``None`` are refused, not
+    coerced)."""
     if not isinstance(value, bool):
         raise TypeError(
-            f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}"
+            f"{name} must be a bool (True or False), "
+            f"got {type(value).__name__} {value!r}"
         )
     return value
 
 
 def check_int(name: str, value, *, minimum: int | None = None) -> int:
-    """Require a plain integer (not bool), optionally ``>= minimum``; returns it as ``int``."""
+    """Require a plain integer (not bool), optionally ``>= minimum``; returns it as
+    ``int``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
@@ -56,8 +59,9 @@ def check_size(name: str, value, *, minimum: int = 1) -> int:
 
 
 def check_sizes(*, zero_ok: tuple[str, ...] = (), **sizes) -> tuple[int, ...]:
-    """Several sizes at once, checked in the order given: ints ``>= 1`` (``>= 0`` for the
-    names in ``zero_ok``). ``self.d_q, self.d_k = check_sizes(d_q=d_q, d_k=d_k)``."""
+    """Several sizes at once, checked in the order given: ints ``>= 1`` (``>= 0`` for
+    the names in ``zero_ok``).
+    ``self.d_q, self.d_k = check_sizes(d_q=d_q, d_k=d_k)``."""
     return tuple(
         check_size(name, value, minimum=0 if name in zero_ok else 1)
         for name, value in sizes.items()
@@ -113,7 +117,8 @@ def check_scale(scale) -> float | None:
 
 
 def check_probability(name: str, value, *, closed: bool = False) -> float:
-    """A probability in ``[0, 1)`` (``[0, 1]`` with ``closed=True``), e.g. ``dropout_p``."""
+    """A probability in ``[0, 1)`` (``[0, 1]`` with ``closed=True``), e.g.
+    ``dropout_p``."""
     p = check_real(name, value)
     if not (0.0 <= p <= 1.0 if closed else 0.0 <= p < 1.0):
         raise ValueError(
@@ -123,7 +128,8 @@ def check_probability(name: str, value, *, closed: bool = False) -> float:
 
 
 def check_choice(name: str, value, choices: tuple) -> object:
-    """Require ``value`` to be one of ``choices`` (compared with ``==``, types checked)."""
+    """Require ``value`` to be one of ``choices`` (compared with ``==``, types
+    checked)."""
     if not any(type(value) is type(c) and value == c for c in choices):
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -131,12 +137,14 @@ def check_choice(name: str, value, choices: tuple) -> object:
 
 
 def check_dim(name: str, dim, ndim: int) -> int:
-    """A dimension index valid for a tensor with ``ndim`` dims; returns it non-negative."""
+    """A dimension index valid for a tensor with ``ndim`` dims; returns it
+    non-negative."""
     dim = check_int(name, dim)
     lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
     if not lo <= dim <= hi:
         raise ValueError(
-            f"{name} must lie in [{lo}, {hi}] for a tensor with {ndim} dimensions, got {dim}"
+            f"{name} must lie in [{lo}, {hi}] for a "
+            f"tensor with {ndim} dimensions, got {dim}"
         )
     return dim % max(ndim, 1)
 
@@ -187,7 +195,8 @@ def check_generator(
         return None
     if not isinstance(generator, torch.Generator):
         raise TypeError(
-            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+            "generator must be a torch.Generator or None, "
+            f"got {type(generator).__name__}"
         )
     if device is not None and generator.device.type != torch.device(device).type:
         raise ValueError(
@@ -208,8 +217,8 @@ def check_tensor(
     min_dim: int = 0,
     dtype: torch.dtype | None = None,
 ) -> None:
-    """Require ``x`` to be a Tensor (floating-point if asked, of ``dtype`` if given) with
-    at least ``min_dim`` dims."""
+    """Require ``x`` to be a Tensor (floating-point if asked, of ``dtype`` if given)
+    with at least ``min_dim`` dims."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if floating and not x.is_floating_point():
@@ -218,7 +227,8 @@ def check_tensor(
         raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
     if x.dim() < min_dim:
         raise ValueError(
-            f"{name} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}"
+            f"{name} must have at least {min_dim} dimensions, "
+            f"got shape {tuple(x.shape)}"
         )
 
 
@@ -241,7 +251,8 @@ def check_same_device(**tensors: Tensor | None) -> None:
         first, t0 = present[0]
         if t.device != t0.device:
             raise ValueError(
-                f"{first} and {name} must be on the same device, got {t0.device} and {t.device}"
+                f"{first} and {name} must be on the same device, "
+                f"got {t0.device} and {t.device}"
             )
 
 
@@ -269,13 +280,15 @@ def check_like(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
         )
     if x.device != ref.device:
         raise ValueError(
-            f"{name} and {ref_name} must be on the same device, got {x.device} and {ref.device}"
+            f"{name} and {ref_name} must be on the same device, "
+            f"got {x.device} and {ref.device}"
         )
 
 
 def check_qk(query, key, *, same_size: bool = True) -> None:
-    """query ``(..., i, d)`` and key ``(..., j, d)``: floating tensors with at least 2 dims,
-    one dtype, one device, and (with ``same_size``) a shared last dimension ``d``."""
+    """query ``(..., i, d)`` and key ``(..., j, d)``: floating tensors with at least 2
+    dims, one dtype, one device, and (with ``same_size``) a shared last dimension
+    ``d``."""
     check_tensor("query", query, floating=True, min_dim=2)
     check_tensor("key", key, floating=True, min_dim=2)
     check_same_dtype(query=query, key=key)
@@ -290,11 +303,12 @@ def check_qk(query, key, *, same_size: bool = True) -> None:
 def check_qkv(query, key, value=None) -> None:
     """The checks every attention function opens with.
 
-    query ``(..., i, d)``, key ``(..., j, d)`` and value ``(..., j, e)`` must be floating
-    tensors of one dtype, on one device, with at least 2 dims; query and key share ``d``,
-    key and value share ``j``. ``value=None`` skips the value (for functions that take
-    none; a kernel whose caller must pass a value uses :func:`validate_attention`, which
-    refuses None). Batch dims are left to the caller (their rules differ).
+    query ``(..., i, d)``, key ``(..., j, d)`` and value ``(..., j, e)`` must be
+    floating tensors of one dtype, on one device, with at least 2 dims; query and key
+    share ``d``, key and value share ``j``. ``value=None`` skips the value (for
+    functions that take none; a kernel whose caller must pass a value uses
+    :func:`validate_attention`, which refuses None). Batch dims are left to the caller
+    (their rules differ).
     """
     check_qk(query, key)
     if value is None:
@@ -312,13 +326,15 @@ def check_qkv(query, key, value=None) -> None:
 def check_value(
     value, j: int, like_name: str, like: Tensor, *, min_dim: int = 2
 ) -> None:
-    """value ``(..., j, e)``: a floating tensor with one row per key, in the dtype and on the
-    device of ``like`` (the query, the weights ...); ``value=None`` is a ``TypeError``."""
+    """value ``(..., j, e)``: a floating tensor with one row per key, in the dtype and
+    on the device of ``like`` (the query, the weights ...); ``value=None`` is a
+    ``TypeError``."""
     check_tensor("value", value, floating=True, min_dim=min_dim)
     check_like("value", value, like_name, like)
     if value.shape[-2] != j:
         raise ValueError(
-            f"value must have one row per key position: j = {j}, got {value.shape[-2]} rows"
+            f"value must have one row per key position: j = {j}, "
+            f"got {value.shape[-2]} rows"
         )
 
 
@@ -344,8 +360,8 @@ def check_initial_state(initial_state, shape: tuple[int, ...], like: Tensor) -> 
 def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     """NumPy broadcasting of shapes, or None when they do not broadcast.
 
-    Written out because ``torch.broadcast_shapes`` imports sympy on first use (about 2 s,
-    paid by every notebook kernel).
+    Written out because ``torch.broadcast_shapes`` imports sympy on first use (about
+    2 s, paid by every notebook kernel).
     """
     ndim = max((len(s) for s in shapes), default=0)
     out = []
@@ -358,7 +374,8 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
 
 
 def broadcast_shapes(what: str, *shapes: tuple[int, ...]) -> torch.Size:
-    """Broadcast ``shapes`` with an error message that names what failed to broadcast."""
+    """Broadcast ``shapes`` with an error message that names what failed to
+    broadcast."""
     out = _broadcast(*(tuple(s) for s in shapes))
     if out is None:
         listed = " and ".join(str(tuple(s)) for s in shapes)
@@ -369,7 +386,8 @@ def broadcast_shapes(what: str, *shapes: tuple[int, ...]) -> torch.Size:
 def check_mask(
     attn_mask, query_dtype: torch.dtype, target: tuple[int, ...], *, device=None
 ) -> None:
-    """Require a boolean or floating mask that broadcasts to ``target`` = ``(..., i, j)``.
+    """Require a boolean or floating mask that broadcasts to ``target`` =
+    ``(..., i, j)``.
 
     A float mask must have the query's dtype or be float32 (what torch's SDPA accepts;
     it is added to the scores in their dtype); with ``device`` given, the mask must live
@@ -381,20 +399,21 @@ def check_mask(
         )
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
         raise TypeError(
-            "attn_mask must be boolean (True = may attend) or floating (added to the scores), "
-            f"got {attn_mask.dtype}"
+            "attn_mask must be boolean (True = may attend) or "
+            f"floating (added to the scores), got {attn_mask.dtype}"
         )
     if attn_mask.is_floating_point() and attn_mask.dtype not in (
         query_dtype,
         torch.float32,
     ):
         raise TypeError(
-            f"a float attn_mask must have the query's dtype {query_dtype} (or float32), "
-            f"got {attn_mask.dtype}"
+            "a float attn_mask must have the query's dtype "
+            f"{query_dtype} (or float32), got {attn_mask.dtype}"
         )
     if device is not None and attn_mask.device != torch.device(device):
         raise ValueError(
-            f"query and attn_mask must be on the same device, got {device} and {attn_mask.device}"
+            "query and attn_mask must be on the same device, "
+            f"got {device} and {attn_mask.device}"
         )
     if _broadcast(tuple(attn_mask.shape), tuple(target)) != tuple(target):
         raise ValueError(
@@ -404,7 +423,8 @@ def check_mask(
 
 
 def check_mask_or_causal(attn_mask, is_causal) -> bool:
-    """``is_causal`` is a bool, and not True together with an ``attn_mask`` (torch's rule)."""
+    """``is_causal`` is a bool, and not True together with an ``attn_mask`` (torch's
+    rule)."""
     check_bool("is_causal", is_causal)
     if is_causal and attn_mask is not None:
         raise ValueError(
@@ -418,7 +438,8 @@ def check_mask_or_causal(attn_mask, is_causal) -> bool:
 
 
 def _heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: bool):
-    """Batch dims of query, key, value (heads split off with ``enable_gqa``) and the heads."""
+    """Batch dims of query, key, value (heads split off with ``enable_gqa``) and the
+    heads."""
     q_batch, k_batch = tuple(query.shape[:-2]), tuple(key.shape[:-2])
     v_batch = tuple(value.shape[:-2]) if value is not None else k_batch
     if not enable_gqa:
@@ -471,14 +492,15 @@ def _validate(
 def validate_attention(
     query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False
 ) -> torch.Size:
-    """All boundary checks of an attention kernel; returns the scores' shape ``(..., h, i, j)``.
+    """All boundary checks of an attention kernel; returns the scores' shape
+    ``(..., h, i, j)``.
 
     Checks, in order: query/key/value are floating tensors of one dtype and device with
-    matching ``d`` and ``j`` (:func:`check_qkv`); ``is_causal`` is a bool and not given with
-    ``attn_mask``; ``scale`` is None or real; ``enable_gqa`` is a bool and, when True, the
-    query heads ``h`` (axis -3) are a multiple of the key/value heads ``h_kv``; the batch
-    dims broadcast; ``attn_mask`` (bool or float of the query's dtype, on its device)
-    broadcasts to the scores. The output of the kernel has shape
+    matching ``d`` and ``j`` (:func:`check_qkv`); ``is_causal`` is a bool and not given
+    with ``attn_mask``; ``scale`` is None or real; ``enable_gqa`` is a bool and, when
+    True, the query heads ``h`` (axis -3) are a multiple of the key/value heads
+    ``h_kv``; the batch dims broadcast; ``attn_mask`` (bool or float of the query's
+    dtype, on its device) broadcasts to the scores. The output of the kernel has shape
     ``(*scores_shape[:-1], e)``.
     """
     return _validate(
@@ -489,7 +511,8 @@ def validate_attention(
 def validate_weights(
     query, key, attn_mask=None, is_causal=False, scale=None, enable_gqa=False
 ) -> torch.Size:
-    """:func:`validate_attention` without a value (for functions that return the weights)."""
+    """:func:`validate_attention` without a value (for functions that return the
+    weights)."""
     return _validate(
         query, key, None, attn_mask, is_causal, scale, enable_gqa, needs_value=False
     )

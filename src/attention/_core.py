@@ -36,11 +36,12 @@ def default_scale(scale: float | None, d: int) -> float:
 
 
 def expand_kv_heads(t: Tensor, num_query_heads: int) -> Tensor:
-    """Repeat each key/value head for its group of query heads (grouped-query attention).
+    """Repeat each key/value head for its group of query heads (grouped-query
+    attention).
 
     ``t`` is ``(..., h_kv, j, *)`` with ``num_query_heads`` a multiple of ``h_kv``; key
-    head ``g`` serves query heads ``g*r ... g*r + r - 1`` with ``r = h / h_kv`` (the layout
-    of ``enable_gqa`` in torch and of Hugging Face's ``repeat_kv``). Returns
+    head ``g`` serves query heads ``g*r ... g*r + r - 1`` with ``r = h / h_kv`` (the
+    layout of ``enable_gqa`` in torch and of Hugging Face's ``repeat_kv``). Returns
     ``(..., h, j, *)`` (``t`` itself when ``r = 1``).
     """
     num_repeats = num_query_heads // t.shape[-3]
@@ -98,7 +99,7 @@ def attention_scores(
     return scores, attn_mask  # (..., h, i, j)
 
 
-# --------------------------------------------------------------------------- the softmax
+# -------------------------------------------------------------------------- the softmax
 
 
 def max_shift(m: Tensor, *, zero_infinite: bool = False) -> Tensor:
@@ -107,8 +108,8 @@ def max_shift(m: Tensor, *, zero_infinite: bool = False) -> Tensor:
     A row whose maximum is ``-inf`` (nothing visible yet) is shifted by 0, so that
     ``exp(-inf - 0) = 0`` instead of ``exp(-inf + inf) = NaN``. ``zero_infinite`` also
     zeroes a ``+inf`` maximum, which :func:`attention.logsumexp` needs
-    (``logsumexp([inf, 1]) = inf``) and the softmax must not do (``softmax([inf, 1])`` is
-    NaN in torch: ``inf - inf``). The one max-shift rule of the package.
+    (``logsumexp([inf, 1]) = inf``) and the softmax must not do (``softmax([inf, 1])``
+    is NaN in torch: ``inf - inf``). The one max-shift rule of the package.
     """
     return m.masked_fill(torch.isinf(m) if zero_infinite else torch.isneginf(m), 0.0)
 
@@ -175,7 +176,8 @@ def masked_softmax(
 def matmul_skipping(
     weights: Tensor, value: Tensor, hidden: Tensor | None, finite: bool | None = None
 ) -> Tensor:
-    """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a NaN value.
+    """``weights @ value`` in which a ``hidden`` ``(i, j)`` pair adds nothing, even a
+    NaN value.
 
     A zero weight times an infinite or NaN value is NaN, so a future value would reach
     earlier queries through the matmul; written out as a masked sum it cannot. (Only
@@ -195,16 +197,18 @@ def matmul_skipping(
 def poisoned_rows(
     query: Tensor, key: Tensor, scale: float, enable_gqa: bool, block_size: int = 512
 ) -> Tensor | None:
-    """``(..., h, i, 1)`` True for the queries with a NaN or ``+inf`` score against *any* key.
+    """``(..., h, i, 1)`` True for the queries with a NaN or ``+inf`` score against
+    *any* key.
 
     The package's rule for non-finite scores, the one torch's
     ``scaled_dot_product_attention`` follows: a mask is added to the scores, so a NaN or
     ``+inf`` score makes its whole row NaN even where the key is masked (or in the
-    future of a causal query). The reference computes every score and gets this for free;
-    a kernel that skips masked blocks calls this and fills these rows with NaN, so both
-    agree. Returns None (nothing to fill) when every score is finite: checked with one
-    bound, ``max|q| * max|k| * d * |scale|`` below the dtype's largest number, so the
-    scores are only recomputed (a block of keys at a time) for non-finite or huge inputs.
+    future of a causal query). The reference computes every score and gets this for
+    free; a kernel that skips masked blocks calls this and fills these rows with NaN, so
+    both agree. Returns None (nothing to fill) when every score is finite: checked with
+    one bound, ``max|q| * max|k| * d * |scale|`` below the dtype's largest number, so
+    the scores are only recomputed (a block of keys at a time) for non-finite or huge
+    inputs.
     """
     d, j = query.shape[-1], key.shape[-2]
     if d == 0 or j == 0 or query.numel() == 0 or query.device.type == "meta":
@@ -224,4 +228,5 @@ def poisoned_rows(
             s, _ = attention_scores(query, block, scale=scale, enable_gqa=enable_gqa)
             hit = (torch.isnan(s) | torch.isposinf(s)).any(dim=-1, keepdim=True)
             bad = hit if bad is None else bad | hit  # (..., i, 1)
+    assert bad is not None  # j > 0, so the loop ran
     return bad if bool(bad.any()) else None
