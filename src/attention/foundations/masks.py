@@ -1,13 +1,13 @@
 """Mask builders (taught in chapter 4; sparse patterns in chapter 13).
 
-Convention, everywhere in this package: a mask is **boolean and True means "may attend"**,
-as in ``torch.nn.functional.scaled_dot_product_attention``. It must broadcast to the
-``(b, h, i, j)`` scores: ``i`` indexes queries (rows), ``j`` keys (columns).
+Convention, everywhere in this package: a mask is **boolean and True means "may
+attend"**, as in ``torch.nn.functional.scaled_dot_product_attention``. It must broadcast
+to the ``(b, h, i, j)`` scores: ``i`` indexes queries (rows), ``j`` keys (columns).
 ``nn.MultiheadAttention``'s ``attn_mask``/``key_padding_mask`` use the opposite polarity
 (True = blocked); invert with ``~mask`` when passing one of ours there.
 
-Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions, ``n``
-sequence length when ``i = j``.
+Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions,
+``n`` sequence length when ``i = j``.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ def causal_mask(
     """Causal (look-ahead) mask of shape ``(i, j)``; True = may attend.
 
     With ``align="top-left"`` (what ``is_causal=True`` means in PyTorch) query ``q`` may
-    see key ``k`` iff ``k <= q``. With ``align="bottom-right"`` the last query is aligned
-    with the last key, ``k <= q + (j - i)``: the right mask when ``i`` new queries follow
-    ``j - i`` cached positions during incremental decoding (flash-attn's ``causal=True``
-    aligns this way).
+    see key ``k`` iff ``k <= q``. With ``align="bottom-right"`` the last query is
+    aligned with the last key, ``k <= q + (j - i)``: the right mask when ``i`` new
+    queries follow ``j - i`` cached positions during incremental decoding (flash-attn's
+    ``causal=True`` aligns this way).
 
     Args:
         i: number of queries.
@@ -110,7 +110,8 @@ def _lengths(lengths, device) -> Tensor:
             )
         if lengths.dim() != 1:
             raise ValueError(
-                f"lengths must be 1-D, one length per sequence, got shape {tuple(lengths.shape)}"
+                "lengths must be 1-D, one length per sequence, "
+                f"got shape {tuple(lengths.shape)}"
             )
         lengths = lengths.to(
             device=device if device is not None else lengths.device, dtype=torch.long
@@ -140,7 +141,8 @@ def _lengths(lengths, device) -> Tensor:
 def padding_mask(
     lengths: Tensor | Sequence[int], j: int, *, side: str = "right", device=None
 ) -> Tensor:
-    """Key-padding mask of shape ``(b, 1, 1, j)``; True = a real token that may be attended.
+    """Key-padding mask of shape ``(b, 1, 1, j)``; True = a real token that may be
+    attended.
 
     Sequence ``n`` of the batch holds ``lengths[n]`` real tokens. With ``side="right"``
     the padding follows them (real tokens at positions ``0 ... lengths[n] - 1``); with
@@ -180,13 +182,14 @@ def padding_mask(
 def block_diagonal_mask(
     lengths: Tensor | Sequence[int], *, is_causal: bool = False, device=None
 ) -> Tensor:
-    """Mask for packed sequences ("document masking"), shape ``(n, n)`` with ``n = sum(lengths)``.
+    """Mask for packed sequences ("document masking"), shape ``(n, n)`` with
+    ``n = sum(lengths)``.
 
     Several sequences of unequal length are concatenated into one row of ``n`` tokens
-    instead of being padded to a common length; a token may attend only to the tokens
-    of its own sequence, so the mask is block-diagonal, one ``(l, l)`` block of True per
-    sequence. With ``is_causal`` each block is also lower-triangular (packed training of a
-    decoder). Attention under this mask equals attention run on each sequence apart;
+    instead of being padded to a common length; a token may attend only to the tokens of
+    its own sequence, so the mask is block-diagonal, one ``(l, l)`` block of True per
+    sequence. With ``is_causal`` each block is also lower-triangular (packed training of
+    a decoder). Attention under this mask equals attention run on each sequence apart;
     what the packing saves is the padding. (flash-attn's ``flash_attn_varlen_func`` with
     ``cu_seqlens`` and xFormers' ``BlockDiagonalMask.from_seqlens`` express the same.)
 
@@ -242,7 +245,8 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 
 
 def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Turn a boolean mask (True = may attend) into an additive one: 0 where allowed, -inf where not.
+    """Turn a boolean mask (True = may attend) into an additive one: 0 where allowed,
+    -inf where not.
 
     Adding the result to the scores before the softmax is equivalent to masking, and
     ``exp(-inf) = 0`` exactly. (A finite stand-in such as -1e9 leaks a tiny weight and

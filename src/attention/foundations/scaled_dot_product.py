@@ -37,8 +37,8 @@ def attention_weights(
 ) -> Tensor:
     r"""The attention weights :math:`A = \operatorname{softmax}(Q K^\top \cdot s + M)`.
 
-    These are exactly the weights that :func:`scaled_dot_product_attention` multiplies the
-    values by (before dropout), so a notebook can plot them.
+    These are exactly the weights that :func:`scaled_dot_product_attention` multiplies
+    the values by (before dropout), so a notebook can plot them.
 
     Args:
         query: ``(..., h, i, d)`` (any leading dims, at least ``(i, d)``).
@@ -49,11 +49,12 @@ def attention_weights(
             with ``attn_mask``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: allow ``h`` to be a multiple of ``h_kv`` (grouped-query attention);
-            key head ``g`` serves query heads ``g*r ... g*r + r - 1`` with ``r = h / h_kv``.
+            key head ``g`` serves query heads ``g*r ... g*r + r - 1`` with
+            ``r = h / h_kv``.
 
     Returns:
-        ``(..., h, i, j)`` weights; each row sums to 1, masked entries are exactly 0 and a
-        row with no visible key is all zeros (so is every row when ``j = 0``). A NaN
+        ``(..., h, i, j)`` weights; each row sums to 1, masked entries are exactly 0 and
+        a row with no visible key is all zeros (so is every row when ``j = 0``). A NaN
         score makes its whole row NaN, even where masked, as in PyTorch.
 
     Example:
@@ -79,14 +80,16 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
-    r"""Scaled dot-product attention, :math:`\operatorname{softmax}(Q K^\top / \sqrt{d} + M)\, V`.
+    r"""Scaled dot-product attention,
+    :math:`\operatorname{softmax}(Q K^\top / \sqrt{d} + M)\, V`.
 
-    Same signature and semantics as ``torch.nn.functional.scaled_dot_product_attention``,
-    written so every step is visible: scores, mask, softmax, (dropout), weighted sum.
-    The edge cases follow PyTorch too: a boolean mask is applied as an additive one, so
-    a NaN or ``+inf`` score poisons its row even where masked; a row with no visible
-    key, and every row when there are no keys (``j = 0``), gives zeros; ``d = 0`` gives
-    zero scores, hence the mean of the values.
+    Same signature and semantics as
+    ``torch.nn.functional.scaled_dot_product_attention``, written so every step is
+    visible: scores, mask, softmax, (dropout), weighted sum. The edge cases follow
+    PyTorch too: a boolean mask is applied as an additive one, so a NaN or ``+inf``
+    score poisons its row even where masked; a row with no visible key, and every row
+    when there are no keys (``j = 0``), gives zeros; ``d = 0`` gives zero scores, hence
+    the mean of the values.
 
     Args:
         query: ``(..., h, i, d)``.

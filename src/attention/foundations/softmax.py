@@ -1,8 +1,8 @@
 """Softmax, its logarithm and its Jacobian (taught in chapter 2).
 
 Shape legend used across the package: ``b`` batch, ``h`` heads, ``i`` query positions,
-``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length (here
-the length of the axis the softmax normalises over).
+``j`` key positions, ``d`` query/key size, ``e`` value size, ``n`` a sequence length
+(here the length of the axis the softmax normalises over).
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ def _check(name: str, x, dim) -> None:
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     r"""Numerically stable softmax along ``dim``.
 
-    .. math:: \operatorname{softmax}(x)_k = \frac{e^{x_k - m}}{\sum_l e^{x_l - m}},\quad m = \max_l x_l
+    .. math::
+
+        \operatorname{softmax}(x)_k = \frac{e^{x_k - m}}{\sum_l e^{x_l - m}},
+        \quad m = \max_l x_l
 
     Subtracting the maximum changes nothing mathematically (the factor :math:`e^{-m}`
     cancels) but keeps every exponent :math:`\le 0`, so the result is finite for any
@@ -65,7 +68,8 @@ def logsumexp(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     r"""Stable :math:`\log \sum_k e^{x_k} = m + \log \sum_k e^{x_k - m}` along ``dim``.
 
     Infinite maxima are not subtracted (as in ``torch.logsumexp``), so a row holding
-    ``+inf`` gives ``+inf``, an all ``-inf`` or empty row gives ``-inf``, a NaN gives NaN.
+    ``+inf`` gives ``+inf``, an all ``-inf`` or empty row gives ``-inf``, a NaN gives
+    NaN.
 
     Example:
         >>> round(logsumexp(torch.tensor([0.0, 0.0])).item(), 4)  # log 2
@@ -103,11 +107,12 @@ def three_pass_softmax(x: Tensor) -> Tensor:
 
     Pass 1 finds the maximum ``m``, pass 2 the normaliser ``l = sum_k exp(x_k - m)``,
     pass 3 writes each ``exp(x_k - m) / l``. Passes are counted as reads of the row, as
-    Milakov and Gimelshein do: the naive softmax reads it twice (and overflows), this safe
-    one three times, and the *online* softmax of chapter 14 (:func:`~attention.online_softmax`)
-    is back to two, because it finds ``m`` and ``l`` together in one pass. That one-pass
-    normaliser followed by the scaling pass is the "two-pass" softmax that tiled attention
-    builds on. The loops are explicit so the passes are visible.
+    Milakov and Gimelshein do: the naive softmax reads it twice (and overflows), this
+    safe one three times, and the *online* softmax of chapter 14
+    (:func:`~attention.online_softmax`) is back to two, because it finds ``m`` and ``l``
+    together in one pass. That one-pass normaliser followed by the scaling pass is the
+    "two-pass" softmax that tiled attention builds on. The loops are explicit so the
+    passes are visible.
 
     Args:
         x: ``(..., n)`` scores.
@@ -134,7 +139,8 @@ def three_pass_softmax(x: Tensor) -> Tensor:
 
 
 def softmax_jacobian(z: Tensor) -> Tensor:
-    r"""Jacobian of the softmax over the last axis: :math:`J = \operatorname{diag}(s) - s s^\top`.
+    r"""Jacobian of the softmax over the last axis:
+    :math:`J = \operatorname{diag}(s) - s s^\top`.
 
     Entry :math:`J_{ik} = \partial s_i / \partial z_k` is :math:`s_i (1 - s_i)` on the
     diagonal and :math:`-s_i s_k` off it.
@@ -147,7 +153,8 @@ def softmax_jacobian(z: Tensor) -> Tensor:
 
     Example:
         >>> J = softmax_jacobian(torch.zeros(3, dtype=torch.float64))
-        >>> torch.allclose(J.sum(-1), torch.zeros(3, dtype=torch.float64))  # rows sum to zero
+        >>> # rows sum to zero
+        >>> torch.allclose(J.sum(-1), torch.zeros(3, dtype=torch.float64))
         True
     """
     check_tensor("z", z, floating=True, min_dim=1)
@@ -156,7 +163,8 @@ def softmax_jacobian(z: Tensor) -> Tensor:
 
 
 def entropy(weights: Tensor, dim: int = -1) -> Tensor:
-    r"""Shannon entropy :math:`-\sum_k p_k \log p_k` (nats) of distributions along ``dim``.
+    r"""Shannon entropy :math:`-\sum_k p_k \log p_k` (nats) of distributions along
+    ``dim``.
 
     Zero weights contribute 0 (the limit of :math:`p \log p`), so masked positions and
     the all-zero rows of a fully masked query are fine. A NaN weight gives NaN (as
