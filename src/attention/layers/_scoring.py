@@ -1,7 +1,9 @@
-"""Checks and the unchecked core shared by the score functions and the modules built on them.
+"""Checks and the unchecked core shared by the score functions and the modules built on
+them.
 
-Used by :mod:`attention.layers.scoring`, :mod:`attention.layers.additive` and :mod:`attention.layers.alignment`.
-Shapes: query ``(..., i, d_q)``, key ``(..., j, d_k)``, hidden size ``a``.
+Used by :mod:`attention.layers.scoring`, :mod:`attention.layers.additive` and
+:mod:`attention.layers.alignment`. Shapes: query ``(..., i, d_q)``, key
+``(..., j, d_k)``, hidden size ``a``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from .._checks import broadcast_shapes, check_like, check_qk, check_tensor
 
 
 def check_pair(query, key, *, same_size: bool) -> None:
-    """query ``(..., i, d_q)`` and key ``(..., j, d_k)`` with broadcasting batch dims."""
+    """query ``(..., i, d_q)`` and key ``(..., j, d_k)`` with broadcasting batch
+    dims."""
     check_qk(query, key, same_size=same_size)
     broadcast_shapes(
         "the batch dims of query and key", query.shape[:-2], key.shape[:-2]
@@ -20,7 +23,8 @@ def check_pair(query, key, *, same_size: bool) -> None:
 
 
 def check_feature_sizes(query: Tensor, key: Tensor, d_q: int, d_k: int) -> None:
-    """Learnable scores: the last dims must be the sizes the parameters were built for."""
+    """Learnable scores: the last dims must be the sizes the parameters were built
+    for."""
     check_pair(query, key, same_size=False)
     for name, t, size, size_name in (
         ("query", query, d_q, "d_q"),
@@ -54,7 +58,8 @@ def check_matrix(name: str, w, rows_name: str) -> None:
 
 
 def additive_hidden_core(query, key, w_query, w_key, bias, act) -> Tensor:
-    """Unchecked core of :func:`attention.layers.scoring.additive_hidden`: ``(..., i, j, a)``."""
+    """Unchecked core of :func:`attention.layers.scoring.additive_hidden`:
+    ``(..., i, j, a)``."""
     q = query @ w_query.transpose(0, 1)  # (..., i, a)
     if bias is not None:
         q = q + bias  # added once per query, not once per (query, key) pair

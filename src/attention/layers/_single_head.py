@@ -20,8 +20,8 @@ from .._checks import (
 
 
 def check_features(name: str, x, expected: int, what: str, layer: nn.Linear) -> None:
-    """Require a floating tensor ``x`` of shape ``(..., n, expected)`` in ``layer``'s dtype
-    and on its device."""
+    """Require a floating tensor ``x`` of shape ``(..., n, expected)`` in ``layer``'s
+    dtype and on its device."""
     check_tensor(name, x, floating=True, min_dim=2)
     if x.shape[-1] != expected:
         raise ValueError(
@@ -34,7 +34,8 @@ def check_features(name: str, x, expected: int, what: str, layer: nn.Linear) -> 
 def check_options(
     x_query: Tensor, x_context: Tensor, attn_mask, is_causal, need_weights
 ) -> None:
-    """The flags and the mask of a single-head module, against ``(..., i, j)`` scores."""
+    """The flags and the mask of a single-head module, against ``(..., i, j)``
+    scores."""
     check_mask_or_causal(attn_mask, is_causal)
     check_bool("need_weights", need_weights)
     batch = broadcast_shapes(

@@ -16,8 +16,8 @@ Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query posi
 additive score (``d_hidden``), ``e`` value size (= number of features ``f`` in the
 multi-dimensional case).
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, j)`` for a single
-query or ``(b, i, j)`` for a sequence (as in
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, j)`` for a
+single query or ``(b, i, j)`` for a sequence (as in
 ``torch.nn.functional.scaled_dot_product_attention``); a float mask is added to the
 scores. A query with no visible key gets zero weights and a zero context.
 """
@@ -58,9 +58,10 @@ def _attention_inputs(
 
     ``query`` is ``(b, d_q)`` (one query per batch element) or ``(b, i, d_q)``; ``key``
     ``(b, j, d_k)``; ``value`` ``(b, j, e)`` or None for the keys; ``attn_mask``
-    broadcastable to ``(b, j)`` or ``(b, i, j)``; every tensor has the dtype and device of
-    the module's ``weight``. Returns ``(query, value, attn_mask, single)`` with a single
-    query turned into a sequence of one, ``(b, 1, d_q)``, and its mask into ``(b, 1, j)``.
+    broadcastable to ``(b, j)`` or ``(b, i, j)``; every tensor has the dtype and device
+    of the module's ``weight``. Returns ``(query, value, attn_mask, single)`` with a
+    single query turned into a sequence of one, ``(b, 1, d_q)``, and its mask into
+    ``(b, 1, j)``.
     """
     check_tensor("query", query, floating=True, min_dim=2)
     check_tensor("key", key, floating=True, min_dim=3)
@@ -68,7 +69,8 @@ def _attention_inputs(
     check_value(value, key.shape[-2], "query", query, min_dim=3)
     if d_v is not None and value.shape[-1] != d_v:
         raise ValueError(
-            f"value must have d_v = {d_v} features (its last dimension), got {value.shape[-1]}"
+            f"value must have d_v = {d_v} features (its last dimension), "
+            f"got {value.shape[-1]}"
         )
     single = query.dim() == key.dim() - 1
     if single:
@@ -119,8 +121,11 @@ def _hidden_inputs(
 class AdditiveAttention(nn.Module):
     r"""Bahdanau attention: additive scores, softmax over keys, weighted sum of values.
 
-    .. math:: \alpha_{ij} = \operatorname{softmax}_j\big(v^\top \tanh(W_1 q_i + W_2 k_j + b)\big),
-              \qquad c_i = \sum_j \alpha_{ij} v_j
+    .. math::
+
+        \alpha_{ij} = \operatorname{softmax}_j
+        \big(v^\top \tanh(W_1 q_i + W_2 k_j + b)\big),
+        \qquad c_i = \sum_j \alpha_{ij} v_j
 
     The query may be a single vector per batch element (a decoder state, ``(b, d_q)``)
     or a sequence ``(b, i, d_q)``; keys and values may have other sizes than the query.
@@ -128,7 +133,8 @@ class AdditiveAttention(nn.Module):
     Args:
         d_q: query size.
         d_k: key size.
-        d_v: value size, checked when given (values are not projected); None accepts any.
+        d_v: value size, checked when given (values are not projected); None accepts
+            any.
         d_hidden: hidden size ``a`` of the score (default ``d_q``).
         activation: activation of the score (default ``"tanh"``).
         bias: include the bias :math:`b` in the score.
@@ -137,7 +143,8 @@ class AdditiveAttention(nn.Module):
 
     Example:
         >>> attn = AdditiveAttention(4, 6, 3, d_hidden=8)
-        >>> context, weights = attn(torch.randn(2, 4), torch.randn(2, 5, 6), torch.randn(2, 5, 3))
+        >>> query, key = torch.randn(2, 4), torch.randn(2, 5, 6)
+        >>> context, weights = attn(query, key, torch.randn(2, 5, 3))
         >>> context.shape, weights.shape
         (torch.Size([2, 3]), torch.Size([2, 5]))
     """
@@ -200,7 +207,8 @@ def multidimensional_scores(
     out_bias: Tensor | None = None,
     activation: str | None = "tanh",
 ) -> Tensor:
-    r"""A score per key *per feature*: :math:`s_{ij} = W_o\,\mathrm{act}(W_1 q_i + W_2 k_j + b) + b_o \in \mathbb{R}^{f}`.
+    r"""A score per key *per feature*:
+    :math:`s_{ij} = W_o\,\mathrm{act}(W_1 q_i + W_2 k_j + b) + b_o \in \mathbb{R}^{f}`.
 
     The additive score with its output vector :math:`v` replaced by a matrix
     :math:`W_o` of ``f`` rows (Shen et al., 2018).
@@ -216,14 +224,16 @@ def multidimensional_scores(
 
     Example:
         >>> w = torch.zeros(4, 3)
-        >>> multidimensional_scores(torch.ones(2, 3), torch.ones(5, 3), w, w, torch.zeros(6, 4)).shape
+        >>> query, key, w_out = torch.ones(2, 3), torch.ones(5, 3), torch.zeros(6, 4)
+        >>> multidimensional_scores(query, key, w, w, w_out).shape
         torch.Size([2, 5, 6])
     """
     check_tensor("w_out", w_out, floating=True)
     check_tensor("w_query", w_query, floating=True, min_dim=1)
     if w_out.dim() != 2 or w_out.shape[1] != w_query.shape[0]:
         raise ValueError(
-            f"w_out must be (f, a) with a = {w_query.shape[0]}, got shape {tuple(w_out.shape)}"
+            f"w_out must be (f, a) with a = {w_query.shape[0]}, "
+            f"got shape {tuple(w_out.shape)}"
         )
     check_like("w_out", w_out, "w_query", w_query)
     if out_bias is not None:
@@ -238,7 +248,8 @@ def multidimensional_scores(
 def multidimensional_weights(
     scores: Tensor, *, attn_mask: Tensor | None = None
 ) -> Tensor:
-    r"""Softmax over the keys separately for every feature: :math:`\alpha_{ijc} = \operatorname{softmax}_j(s_{ijc})`.
+    r"""Softmax over the keys separately for every feature:
+    :math:`\alpha_{ijc} = \operatorname{softmax}_j(s_{ijc})`.
 
     Args:
         scores: ``(..., i, j, f)``.
@@ -276,7 +287,8 @@ def _check_feature_values(weights: Tensor, value) -> None:
 
 
 def multidimensional_attention(weights: Tensor, value: Tensor) -> Tensor:
-    r"""Element-wise weighting of the values: :math:`c_{ic} = \sum_j \alpha_{ijc} v_{jc}`.
+    r"""Element-wise weighting of the values:
+    :math:`c_{ic} = \sum_j \alpha_{ijc} v_{jc}`.
 
     Args:
         weights: ``(..., i, j, e)``.
@@ -286,7 +298,8 @@ def multidimensional_attention(weights: Tensor, value: Tensor) -> Tensor:
         ``(..., i, e)`` context.
 
     Example:
-        >>> multidimensional_attention(torch.full((1, 2, 3), 0.5), torch.ones(2, 3)).tolist()
+        >>> weights = torch.full((1, 2, 3), 0.5)
+        >>> multidimensional_attention(weights, torch.ones(2, 3)).tolist()
         [[1.0, 1.0, 1.0]]
     """
     _check_feature_values(weights, value)
@@ -317,7 +330,8 @@ class MultiDimensionalAttention(nn.Module):
 
     Example:
         >>> attn = MultiDimensionalAttention(4, 4, 3, 8)
-        >>> context, weights = attn(torch.randn(2, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 3))
+        >>> query, key = torch.randn(2, 4), torch.randn(2, 5, 4)
+        >>> context, weights = attn(query, key, torch.randn(2, 5, 3))
         >>> context.shape, weights.shape
         (torch.Size([2, 3]), torch.Size([2, 5, 3]))
     """

@@ -1,9 +1,10 @@
-"""Alignment: how scores become weights, and how many weights per key (taught in chapter 9).
+"""Alignment: how scores become weights, and how many weights per key (taught in
+chapter 9).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``i`` query positions,
 ``j`` key positions (``S`` of them, the source length), ``d_q`` query size, ``d_k`` key
-size, ``a`` hidden size of the centre predictor (``d_hidden``), ``e`` value size; draws of
-hard attention stack on a leading ``num_samples`` axis.
+size, ``a`` hidden size of the centre predictor (``d_hidden``), ``e`` value size; draws
+of hard attention stack on a leading ``num_samples`` axis.
 
 - **soft / global** (:func:`soft_alignment`): softmax over all keys; differentiable.
 - **hard** (:func:`hard_alignment`, :func:`hard_attention`): sample one key per query
@@ -61,7 +62,8 @@ __all__ = [
 
 
 def soft_alignment(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
-    r"""Soft (global) alignment: :math:`\alpha_{ij} = \operatorname{softmax}_j(s_{ij})` over the visible keys.
+    r"""Soft (global) alignment: :math:`\alpha_{ij} = \operatorname{softmax}_j(s_{ij})`
+    over the visible keys.
 
     Args:
         scores: ``(..., i, j)`` from any score function.
@@ -73,7 +75,8 @@ def soft_alignment(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor
         no visible key is all zeros.
 
     Example:
-        >>> soft_alignment(torch.zeros(1, 3), attn_mask=torch.tensor([[True, True, False]])).tolist()
+        >>> mask = torch.tensor([[True, True, False]])
+        >>> soft_alignment(torch.zeros(1, 3), attn_mask=mask).tolist()
         [[0.5, 0.5, 0.0]]
     """
     check_tensor("scores", scores, floating=True, min_dim=2)
@@ -83,7 +86,8 @@ def soft_alignment(scores: Tensor, *, attn_mask: Tensor | None = None) -> Tensor
 
 
 def _check_value(weights: Tensor, value) -> None:
-    """value ``(..., j, e)`` matching the ``(..., i, j)`` weights (dtype, device, j, batch)."""
+    """value ``(..., j, e)`` matching the ``(..., i, j)`` weights (dtype, device, j,
+    batch)."""
     check_value(value, weights.shape[-1], "weights", weights)
     broadcast_shapes(
         "the batch dims of weights and value", weights.shape[:-2], value.shape[:-2]
@@ -93,12 +97,14 @@ def _check_value(weights: Tensor, value) -> None:
 def soft_attention(
     scores: Tensor, value: Tensor, *, attn_mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    r"""Soft attention :math:`c_i = \sum_j \alpha_{ij} v_j` with :math:`\alpha = ` :func:`soft_alignment`.
+    r"""Soft attention :math:`c_i = \sum_j \alpha_{ij} v_j` with :math:`\alpha = `
+    :func:`soft_alignment`.
 
     Args:
         scores: ``(..., i, j)``.
         value: ``(..., j, e)``.
-        attn_mask: boolean (**True = may attend**) or float, broadcastable to ``(..., i, j)``.
+        attn_mask: boolean (**True = may attend**) or float, broadcastable to
+            ``(..., i, j)``.
 
     Returns:
         ``(context, weights)``: ``(..., i, e)`` and ``(..., i, j)``.
@@ -123,14 +129,16 @@ def hard_alignment(
     generator: torch.Generator | None = None,
     num_samples: int | None = None,
 ) -> Tensor:
-    r"""Hard alignment: sample one key index :math:`s_i \sim \operatorname{Categorical}(\alpha_{i\cdot})` per query.
+    r"""Hard alignment: sample one key index
+    :math:`s_i \sim \operatorname{Categorical}(\alpha_{i\cdot})` per query.
 
     Args:
-        weights: ``(..., i, j)`` non-negative weights (e.g. from :func:`soft_alignment`);
-            each row is normalised before sampling. A row of zeros (no visible key)
-            gets the index ``-1``.
+        weights: ``(..., i, j)`` non-negative weights (e.g. from
+            :func:`soft_alignment`); each row is normalised before sampling. A row of
+            zeros (no visible key) gets the index ``-1``.
         generator: a ``torch.Generator`` for reproducible draws.
-        num_samples: None for one draw, or the number of independent draws stacked in front.
+        num_samples: None for one draw, or the number of independent draws stacked in
+            front.
 
     Returns:
         ``(..., i)`` integer indices, or ``(num_samples, ..., i)``.
@@ -173,8 +181,8 @@ def hard_attention(
     r"""Hard attention: the context is the one value vector at a sampled position.
 
     :math:`c_i = v_{s_i}` with :math:`s_i \sim \alpha_{i\cdot}`, so
-    :math:`\mathbb{E}[c_i] = \sum_j \alpha_{ij} v_j`, the soft context (Xu et al., 2015).
-    The estimate is unbiased; its variance
+    :math:`\mathbb{E}[c_i] = \sum_j \alpha_{ij} v_j`, the soft context (Xu et
+    al., 2015). The estimate is unbiased; its variance
     :math:`\sum_j \alpha_{ij} \lVert v_j - c_i^{\text{soft}}\rVert^2` shrinks as
     :math:`1/N` when ``N`` draws are averaged. Sampling has no gradient with respect to
     the weights (training uses REINFORCE or the soft relaxation).
@@ -187,11 +195,12 @@ def hard_attention(
 
     Returns:
         ``(context, indices)``: ``(..., i, e)`` and ``(..., i)``, each with a leading
-        ``num_samples`` axis when it is given. A query with no visible key gets index -1 and a
-        zero context.
+        ``num_samples`` axis when it is given. A query with no visible key gets index -1
+        and a zero context.
 
     Example:
-        >>> context, index = hard_attention(torch.tensor([[0.0, 1.0]]), torch.tensor([[5.0], [7.0]]))
+        >>> weights, value = torch.tensor([[0.0, 1.0]]), torch.tensor([[5.0], [7.0]])
+        >>> context, index = hard_attention(weights, value)
         >>> context.tolist(), index.tolist()
         ([[7.0]], [1])
     """
@@ -221,7 +230,8 @@ def _check_half_width(half_width) -> float:
 
 
 def local_centre(query: Tensor, w_p: Tensor, v_p: Tensor, source_length: int) -> Tensor:
-    r"""Predicted centre of the local window, :math:`p_i = S \cdot \sigma(v_p^\top \tanh(W_p q_i))`.
+    r"""Predicted centre of the local window,
+    :math:`p_i = S \cdot \sigma(v_p^\top \tanh(W_p q_i))`.
 
     Args:
         query: ``(..., i, d_q)``.
@@ -233,7 +243,8 @@ def local_centre(query: Tensor, w_p: Tensor, v_p: Tensor, source_length: int) ->
         ``(..., i)`` real-valued centres (differentiable in every argument but ``S``).
 
     Example:
-        >>> local_centre(torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(3), 10).tolist()
+        >>> query, w_p, v_p = torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(3)
+        >>> local_centre(query, w_p, v_p, 10).tolist()
         [5.0]
     """
     check_tensor("query", query, floating=True, min_dim=1)
@@ -257,7 +268,8 @@ def _local_centre(query: Tensor, w_p: Tensor, v_p: Tensor, s: int) -> Tensor:
 
 
 def local_window(centre: Tensor, source_length: int, half_width: float) -> Tensor:
-    """Boolean window ``(..., i, S)``: True at positions ``l`` (0, 1, ..., S-1) with ``|l - p| <= D``.
+    """Boolean window ``(..., i, S)``: True at positions ``l`` (0, 1, ..., S-1) with
+    ``|l - p| <= D``.
 
     Example:
         >>> local_window(torch.tensor([2.5]), 6, 1.0).int().tolist()
@@ -306,7 +318,8 @@ def local_alignment(
         half_width: :math:`D \ge 0`.
         sigma: Gaussian width, default :math:`D / 2`; ``sigma = 0`` means no damping
             inside the window.
-        attn_mask: boolean (**True = may attend**) or float, broadcastable to ``(..., i, S)``.
+        attn_mask: boolean (**True = may attend**) or float, broadcastable to
+            ``(..., i, S)``.
 
     Returns:
         ``(..., i, S)`` weights; a row whose window holds no visible key is all zeros.
@@ -339,8 +352,8 @@ def _local_alignment(scores, centre, d, sigma, attn_mask) -> Tensor:
     )  # softmax over the (visible) window only
     if sigma > 0:
         positions = torch.arange(s, device=scores.device, dtype=scores.dtype)
-        # z = (l - p) / sigma, only inside the window (|z| <= D / sigma there), so a tiny
-        # sigma cannot turn (l - p)^2 / (2 sigma^2) into 0/0
+        # z = (l - p) / sigma, only inside the window (|z| <= D / sigma there), so a
+        # tiny sigma cannot turn (l - p)^2 / (2 sigma^2) into 0/0
         z = torch.where(
             window, (positions - centre.unsqueeze(-1)) / sigma, 0.0
         )  # (..., i, S)
@@ -372,7 +385,8 @@ class LocalAlignment(nn.Module):
 
     Example:
         >>> align = LocalAlignment(4, 6, half_width=2.0)
-        >>> context, weights = align(torch.randn(3, 4), torch.randn(3, 10), torch.randn(10, 5))
+        >>> query, scores = torch.randn(3, 4), torch.randn(3, 10)
+        >>> context, weights = align(query, scores, torch.randn(10, 5))
         >>> context.shape, weights.shape
         (torch.Size([3, 5]), torch.Size([3, 10]))
     """

@@ -3,17 +3,20 @@
 
 Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions (the
 attending sequence, e.g. the decoder), ``j`` key positions (the attended context, e.g.
-the encoder output), ``d`` query/key size (``d_out_kq``), ``e`` value size (``d_out_v``).
+the encoder output), ``d`` query/key size (``d_out_kq``), ``e`` value size
+(``d_out_v``).
 
 Mask convention: boolean, **True = may attend**, broadcastable to ``(..., i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
-In an encoder-decoder the cross-attention mask is the encoder's key-padding mask
-``padding_mask(src_lengths, j)[:, 0]``, shape ``(b, 1, j)``: no causal part, since the whole source is known.
+``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores. In an encoder-decoder the cross-attention mask is the encoder's key-padding mask
+``padding_mask(src_lengths, j)[:, 0]``, shape ``(b, 1, j)``: no causal part, since the
+whole source is known.
 
 Weight convention: as in :class:`~attention.SelfAttention`, ``nn.Linear`` layers named
-``w_query`` (``weight`` of shape ``(d_out_kq, d_q_in)``), ``w_key`` (``(d_out_kq, d_kv_in)``)
-and ``w_value`` (``(d_out_v, d_kv_in)``); a module is computed as ``X @ W.T``. With
-``d_q_in == d_kv_in`` the state dicts of the two modules are interchangeable.
+``w_query`` (``weight`` of shape ``(d_out_kq, d_q_in)``), ``w_key``
+(``(d_out_kq, d_kv_in)``) and ``w_value`` (``(d_out_v, d_kv_in)``); a module is computed
+as ``X @ W.T``. With ``d_q_in == d_kv_in`` the state dicts of the two modules are
+interchangeable.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ __all__ = ["CrossAttention"]
 
 
 class CrossAttention(nn.Module):
-    r"""One head of cross-attention, :math:`\operatorname{softmax}(Q K^\top/\sqrt{d}\,) V` with
-    :math:`Q = X_q W_Q^\top`, :math:`K = X_c W_K^\top`, :math:`V = X_c W_V^\top`.
+    r"""One head of cross-attention,
+    :math:`\operatorname{softmax}(Q K^\top/\sqrt{d}\,) V` with :math:`Q = X_q W_Q^\top`,
+    :math:`K = X_c W_K^\top`, :math:`V = X_c W_V^\top`.
 
     The two sequences may differ in length (``i`` and ``j``) and in feature size
     (``d_q_in`` and ``d_kv_in``); the projections bring both to a common query/key size
@@ -80,12 +84,12 @@ class CrossAttention(nn.Module):
 
         Args:
             x_query: ``(..., i, d_q_in)``, the attending sequence (e.g. decoder states).
-            x_context: ``(..., j, d_kv_in)``, the attended sequence (e.g. encoder output);
-                its batch dims must broadcast against those of ``x_query``.
+            x_context: ``(..., j, d_kv_in)``, the attended sequence (e.g. encoder
+                output); its batch dims must broadcast against those of ``x_query``.
             attn_mask: boolean (**True = may attend**) or float (added to the scores),
                 broadcastable to ``(..., i, j)``; typically the context's padding mask,
-                ``padding_mask(lengths, j)[:, 0]`` of shape ``(b, 1, j)`` (the single-head
-                scores have no heads axis).
+                ``padding_mask(lengths, j)[:, 0]`` of shape ``(b, 1, j)`` (the
+                single-head scores have no heads axis).
             need_weights: return the attention weights too.
 
         Returns:

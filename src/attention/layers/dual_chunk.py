@@ -1,15 +1,17 @@
-"""Dual Chunk Attention: RoPE attention past the pretraining length, with no unseen distance (chapter 7).
+"""Dual Chunk Attention: RoPE attention past the pretraining length, with no unseen
+distance (chapter 7).
 
 A model trained with rotary embeddings on sequences of length ``L`` has only seen
 query-key distances below ``L``. Dual Chunk Attention (DCA; An et al., 2024, used by
 Qwen2.5-1M) splits the sequence into chunks of ``s`` positions and gives each key the
-position ``p mod s``. A query uses one of three positions, depending on where the key is:
+position ``p mod s``. A query uses one of three positions, depending on where the key
+is:
 
 * **intra-chunk** (key in the query's own chunk): ``p mod s``, so the distance is the
   true one, ``q - k``;
 * **successive-chunk** (key in the chunk just before): ``min(s + p mod s, s + w)``, the
-  true distance for the first ``w + 1`` queries of a chunk (the local window ``w``), then
-  capped;
+  true distance for the first ``w + 1`` queries of a chunk (the local window ``w``),
+  then capped;
 * **inter-chunk** (key two or more chunks back): ``s + w``, the same for every query.
 
 Every distance then lies in ``[0, s + w]``: with ``s + w < L`` the model never meets a
@@ -123,13 +125,14 @@ def dual_chunk_attention(
     ``c_k = k // s``) the score is
 
     .. math::
-        \frac{\langle R_{\pi(q, k)}\, q_q,\; R_{k \bmod s}\, k_k \rangle}{\sqrt d}, \qquad
-        \pi(q, k) = \begin{cases} q \bmod s & c_k = c_q \\
-        \min(s + q \bmod s,\; s + w) & c_k = c_q - 1 \\ s + w & c_k < c_q - 1 \end{cases}
+        \frac{\langle R_{\pi(q, k)}\, q_q,\; R_{k \bmod s}\, k_k \rangle}{\sqrt d},
+        \qquad \pi(q, k) = \begin{cases} q \bmod s & c_k = c_q \\
+        \min(s + q \bmod s,\; s + w) & c_k = c_q - 1 \\
+        s + w & c_k < c_q - 1 \end{cases}
 
-    with :math:`R_p` the rotation of :func:`attention.apply_rope`; keys after the query are
-    masked. The computation runs one query chunk at a time, so it holds ``(s, j)`` scores
-    rather than ``(i, j)``.
+    with :math:`R_p` the rotation of :func:`attention.apply_rope`; keys after the query
+    are masked. The computation runs one query chunk at a time, so it holds ``(s, j)``
+    scores rather than ``(i, j)``.
 
     Args:
         query: ``(..., h, i, d)`` queries *before* RoPE (this function rotates them).
@@ -137,8 +140,8 @@ def dual_chunk_attention(
         value: ``(..., h_kv, j, e)``.
         attn_mask: boolean (**True = may attend**) or float (added to the scores),
             broadcastable to ``(..., h, i, j)``; applied on top of the causal pattern.
-        is_causal: must be True: the chunk relation needs the key not to follow the query.
-            (The default differs from SDPA's for that reason.)
+        is_causal: must be True: the chunk relation needs the key not to follow the
+            query. (The default differs from SDPA's for that reason.)
         scale: multiplies the scores; default :math:`1/\sqrt d`.
         enable_gqa: ``h`` a multiple of ``h_kv`` (grouped-query attention).
         chunk_size: ``s``. With the model's pretraining length ``L``, choose
@@ -150,15 +153,17 @@ def dual_chunk_attention(
 
     Returns:
         ``(..., h, i, e)``. The ``i`` queries are the last ``i`` of the ``j`` positions
-        (``i = j`` for a whole sequence, ``i = 1`` when decoding). For ``j <= s + w + 1``
-        the result equals plain causal RoPE attention.
+        (``i = j`` for a whole sequence, ``i = 1`` when decoding). For
+        ``j <= s + w + 1`` the result equals plain causal RoPE attention.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
-        >>> q, k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+        >>> kw = dict(generator=g, dtype=torch.float64)
+        >>> q, k, v = (torch.randn(1, 2, 6, 4, **kw) for _ in range(3))
         >>> out = dual_chunk_attention(q, k, v, chunk_size=4, local_window=1)
         >>> from attention import apply_rope, scaled_dot_product_attention
-        >>> plain = scaled_dot_product_attention(apply_rope(q), apply_rope(k), v, is_causal=True)
+        >>> q_rot, k_rot = apply_rope(q), apply_rope(k)
+        >>> plain = scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True)
         >>> torch.allclose(out, plain)  # 6 <= s + w + 1 tokens: plain RoPE attention
         True
     """
@@ -168,8 +173,8 @@ def dual_chunk_attention(
     check_bool("is_causal", is_causal)
     if not is_causal:
         raise ValueError(
-            "dual_chunk_attention is causal by construction (a key's chunk must not follow "
-            "the query's), so is_causal must be True"
+            "dual_chunk_attention is causal by construction "
+            "(a key's chunk must not follow the query's), so is_causal must be True"
         )
     s, w = _check_chunking(chunk_size, local_window)
     rope = rope_config(rope, default=RotaryConfig())
@@ -184,8 +189,8 @@ def dual_chunk_attention(
     i, j = query.shape[-2], key.shape[-2]
     if i > j:
         raise ValueError(
-            f"the i queries are the last i of the j key positions, so i <= j is needed, "
-            f"got i={i} and j={j}"
+            "the i queries are the last i of the j key positions, "
+            f"so i <= j is needed, got i={i} and j={j}"
         )
 
     device = query.device
@@ -243,7 +248,8 @@ def dual_chunk_attention(
         outputs.append(weights @ value[..., :end, :])  # (..., h, rows, e)
         rows_done = stop
     out = torch.cat(outputs, dim=-2)  # (..., h, i, e)
-    # the package's rule for non-finite scores: a NaN or +inf score against any key, even a
-    # future one this loop never computes, makes the row NaN (as in the dense reference)
+    # the package's rule for non-finite scores: a NaN or +inf score against any key,
+    # even a future one this loop never computes, makes the row NaN (as in the dense
+    # reference)
     bad = poisoned_rows(q_intra, k_rot, default_scale(scale, d), False)
     return out if bad is None else out.masked_fill(bad, float("nan"))

@@ -15,8 +15,8 @@ and one value vector per key/value head), which is what multi-query and grouped-
 attention shrink (:func:`kv_cache_bytes_per_token`).
 
 The buffers are written in place, so the cache is for inference: use it under
-``torch.inference_mode()`` or ``torch.no_grad()``. :meth:`KVCache.update` refuses keys or
-values that carry an autograd graph, rather than failing later in ``backward()``.
+``torch.inference_mode()`` or ``torch.no_grad()``. :meth:`KVCache.update` refuses keys
+or values that carry an autograd graph, rather than failing later in ``backward()``.
 """
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ class KVCache(LinearCache):
         batch_size: ``b``, fixed for the cache's lifetime.
         max_len: capacity in positions.
         num_kv_heads: ``h_kv``.
-        head_dim: ``d`` (keys and values share it in :class:`attention.MultiHeadAttention`).
+        head_dim: ``d`` (keys and values share it in
+            :class:`attention.MultiHeadAttention`).
         dtype: element type of the buffers (default ``torch.get_default_dtype()``).
         device: where the buffers live.
 
     Attributes:
-        keys, values: the ``(b, h_kv, max_len, d)`` buffers; only ``[:, :, :length]`` is valid.
+        keys, values: the ``(b, h_kv, max_len, d)`` buffers; only ``[:, :, :length]`` is
+            valid.
         length: number of positions stored.
 
     Example:
@@ -91,13 +93,15 @@ class KVCache(LinearCache):
         device: torch.device,
         requires_grad: bool = False,
     ) -> None:
-        """Check that :meth:`update` would accept keys and values described by these numbers.
+        """Check that :meth:`update` would accept keys and values described by these
+        numbers.
 
         The interface for modules: :class:`attention.MultiHeadAttention` calls it before
         projecting anything, so a wrong call fails at the boundary with a clear message.
 
         Args:
-            batch_size, num_new, num_kv_heads, head_dim: the ``(b, h_kv, n, d)`` of the keys.
+            batch_size, num_new, num_kv_heads, head_dim: the ``(b, h_kv, n, d)`` of the
+                keys.
             dtype, device: theirs.
             requires_grad: whether they will require grad while autograd is on.
 
@@ -109,13 +113,14 @@ class KVCache(LinearCache):
         """
         if batch_size != self.batch_size:
             raise ValueError(
-                f"the cache was built for batch size {self.batch_size}, got a batch of "
-                f"{batch_size}; a cache keeps its batch size: create a new one for this batch"
+                f"the cache was built for batch size {self.batch_size}, "
+                f"got a batch of {batch_size}; a cache keeps its batch size: "
+                "create a new one for this batch"
             )
         if num_kv_heads != self.num_kv_heads or head_dim != self.head_dim:
             raise ValueError(
-                f"the cache holds {self.num_kv_heads} key/value heads of size {self.head_dim}, "
-                f"got {num_kv_heads} heads of size {head_dim}"
+                f"the cache holds {self.num_kv_heads} key/value heads of size "
+                f"{self.head_dim}, got {num_kv_heads} heads of size {head_dim}"
             )
         self._check_fits(num_new)
         if dtype != self.dtype:
@@ -124,26 +129,28 @@ class KVCache(LinearCache):
             )
         if device != self.device:
             raise ValueError(
-                f"the cache and the new keys must be on the same device, got {self.device} "
-                f"and {device}"
+                "the cache and the new keys must be on the same device, "
+                f"got {self.device} and {device}"
             )
         if requires_grad:
             raise ValueError(
-                "the cache writes its buffers in place, which autograd cannot differentiate "
-                "through; got keys or values that require grad: decode under "
-                "torch.inference_mode() or torch.no_grad() (or pass detached tensors)"
+                "the cache writes its buffers in place, which autograd "
+                "cannot differentiate through; got keys or values that require grad: "
+                "decode under torch.inference_mode() or "
+                "torch.no_grad() (or pass detached tensors)"
             )
         if self.keys.is_inference() and not torch.is_inference_mode_enabled():
             raise ValueError(
-                "this cache was created under torch.inference_mode(), so its buffers can only "
-                "be written there: update it under torch.inference_mode() too, or create it "
-                "outside (e.g. under torch.no_grad())"
+                "this cache was created under torch.inference_mode(), so its buffers "
+                "can only be written there: update it under torch.inference_mode() "
+                "too, or create it outside (e.g. under torch.no_grad())"
             )
 
     _check_update = check_update  # the former private spelling
 
     def update(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``n`` new positions and return the keys and values of all positions so far.
+        """Append ``n`` new positions and return the keys and values of all positions so
+        far.
 
         Args:
             key: ``(b, h_kv, n, d)`` keys of the new positions (already projected, split
@@ -151,20 +158,20 @@ class KVCache(LinearCache):
             value: ``(b, h_kv, n, d)`` their values.
 
         Returns:
-            ``(keys, values)``, each ``(b, h_kv, length, d)`` with ``length`` counting the
-            new positions: views into the buffers, valid until the next update.
+            ``(keys, values)``, each ``(b, h_kv, length, d)`` with ``length`` counting
+            the new positions: views into the buffers, valid until the next update.
 
         Raises:
-            ValueError: for a batch size, head count or size other than the cache's, more
-                positions than fit, another device, or keys/values that require grad
-                while autograd is on.
+            ValueError: for a batch size, head count or size other than the cache's,
+                more positions than fit, another device, or keys/values that require
+                grad while autograd is on.
             TypeError: for non-tensors or another dtype.
         """
         check_new_kv(key, value, "(b, h_kv, n, d)")
         if key.dtype != value.dtype or key.device != value.device:
             raise TypeError(
-                f"key and value must share a dtype and device, got {key.dtype} on {key.device} "
-                f"and {value.dtype} on {value.device}"
+                f"key and value must share a dtype and device, got {key.dtype} "
+                f"on {key.device} and {value.dtype} on {value.device}"
             )
         grad = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)
         b, h_kv, n, d = key.shape
@@ -182,14 +189,15 @@ class KVCache(LinearCache):
         return self.keys[:, :, :stop], self.values[:, :, :stop]  # (b, h_kv, length, d)
 
     def causal_pattern(self, num_new: int) -> tuple[Tensor | None, bool]:
-        """``(attn_mask, is_causal)`` for the ``num_new`` newest positions after an update.
+        """``(attn_mask, is_causal)`` for the ``num_new`` newest positions after an
+        update.
 
-        The new queries are the last ``num_new`` positions: each sees every earlier cached
-        key and the new keys up to itself, a causal mask aligned bottom-right
-        (``causal_mask(num_new, length, align="bottom-right")``). Returned in the cheapest
-        form for ``scaled_dot_product_attention``: ``is_causal=True`` when nothing was
-        cached before (the square, top-left case), no mask at all for a single new query
-        (it sees everything), else the mask.
+        The new queries are the last ``num_new`` positions: each sees every earlier
+        cached key and the new keys up to itself, a causal mask aligned bottom-right
+        (``causal_mask(num_new, length, align="bottom-right")``). Returned in the
+        cheapest form for ``scaled_dot_product_attention``: ``is_causal=True`` when
+        nothing was cached before (the square, top-left case), no mask at all for a
+        single new query (it sees everything), else the mask.
 
         Example:
             >>> cache = KVCache(1, 8, num_kv_heads=1, head_dim=2)
@@ -213,8 +221,9 @@ class KVCache(LinearCache):
 
     def __repr__(self) -> str:
         return (
-            f"KVCache(batch_size={self.batch_size}, length={self.length}/{self.max_len}, "
-            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype})"
+            f"KVCache(batch_size={self.batch_size}, "
+            f"length={self.length}/{self.max_len}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, dtype={self.dtype})"
         )
 
 
@@ -225,7 +234,8 @@ def kv_cache_bytes_per_token(
     dtype: torch.dtype = torch.float16,
     num_layers: int = 1,
 ) -> int:
-    r"""Bytes the KV cache needs per token: :math:`2 \cdot h_{kv} \cdot d \cdot \text{bytes} \cdot L`.
+    r"""Bytes the KV cache needs per token:
+    :math:`2 \cdot h_{kv} \cdot d \cdot \text{bytes} \cdot L`.
 
     One key and one value vector of size ``head_dim`` per key/value head, per layer.
     With the default ``num_layers=1`` this is the cost per token per layer.

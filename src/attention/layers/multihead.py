@@ -4,21 +4,23 @@ Shape legend: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``i`` qu
 positions, ``j`` key positions, ``d`` head size (``head_dim``, by default
 ``embed_dim // h``).
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
-``nn.MultiheadAttention`` uses the opposite polarity (True = blocked): pass it ``~mask``.
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores. ``nn.MultiheadAttention`` uses the opposite polarity (True = blocked): pass it
+``~mask``.
 
 The production formulation (Vaswani et al., 2017): one projection per role,
-``split_heads`` by reshape + transpose to ``(b, h, L, d)``, attention in every head at once,
-``merge_heads`` (the concatenation) and an output projection. With ``num_kv_heads < h``
-the keys and values have fewer heads, each shared by a group of ``h / h_kv`` query heads:
-grouped-query attention (GQA; Ainslie et al., 2023), or multi-query attention (MQA;
-Shazeer, 2019) for ``h_kv = 1``. The KV cache for incremental decoding is in
-:mod:`attention.layers.kv_cache`. With ``rope=RotaryConfig(...)`` the queries and keys
-of every head are rotated by their positions (rotary position embedding, chapter 7)
-after the split into heads and before the scores, as in Llama-style models. The
-attention itself is one call of a kernel on the package's contract (``attention_fn``),
-by default PyTorch's fused ``scaled_dot_product_attention``.
+``split_heads`` by reshape + transpose to ``(b, h, L, d)``, attention in every head at
+once, ``merge_heads`` (the concatenation) and an output projection. With
+``num_kv_heads < h`` the keys and values have fewer heads, each shared by a group of
+``h / h_kv`` query heads: grouped-query attention (GQA; Ainslie et al., 2023), or
+multi-query attention (MQA; Shazeer, 2019) for ``h_kv = 1``. The KV cache for
+incremental decoding is in :mod:`attention.layers.kv_cache`. With
+``rope=RotaryConfig(...)`` the queries and keys of every head are rotated by their
+positions (rotary position embedding, chapter 7) after the split into heads and before
+the scores, as in Llama-style models. The attention itself is one call of a kernel on
+the package's contract (``attention_fn``), by default PyTorch's fused
+``scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def _split_heads(x: Tensor, num_heads: int) -> Tensor:
 def split_heads(x: Tensor, num_heads: int) -> Tensor:
     """Split the feature axis into heads: ``(b, L, h*d) -> (b, h, L, d)``.
 
-    A reshape to ``(b, L, h, d)`` (head ``n`` owns features ``n*d ... n*d + d - 1``) and a
-    transpose that brings the heads next to the batch, so one batched matrix product
+    A reshape to ``(b, L, h, d)`` (head ``n`` owns features ``n*d ... n*d + d - 1``) and
+    a transpose that brings the heads next to the batch, so one batched matrix product
     serves every head.
 
     Example:
@@ -78,7 +80,8 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
         raise ValueError(f"x must have shape (b, L, h*d), got {tuple(x.shape)}")
     if x.shape[-1] % num_heads:
         raise ValueError(
-            f"the feature size must be divisible by num_heads, got {x.shape[-1]} and {num_heads}"
+            "the feature size must be divisible by num_heads, "
+            f"got {x.shape[-1]} and {num_heads}"
         )
     return _split_heads(x, num_heads)
 
@@ -89,7 +92,8 @@ def _merge_heads(x: Tensor) -> Tensor:
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    """Concatenate the heads again: ``(b, h, L, d) -> (b, L, h*d)``, the inverse of :func:`split_heads`.
+    """Concatenate the heads again: ``(b, h, L, d) -> (b, L, h*d)``, the inverse of
+    :func:`split_heads`.
 
     Example:
         >>> x = torch.randn(2, 5, 12)
@@ -137,9 +141,9 @@ class MultiHeadAttention(nn.Module):
         head_dim: ``d``, the size of each head (default ``embed_dim // num_heads``,
             which must then divide). Independent of ``embed_dim``, as in Hugging Face's
             configs (Gemma 7B: 16 heads of 256 on a model size of 3072).
-        num_kv_heads: ``h_kv``, key/value heads (default ``h``: plain multi-head attention;
-            ``1``: multi-query attention; in between: grouped-query attention). Must divide
-            ``num_heads``.
+        num_kv_heads: ``h_kv``, key/value heads (default ``h``: plain multi-head
+            attention; ``1``: multi-query attention; in between: grouped-query
+            attention). Must divide ``num_heads``.
         kdim: feature size of ``key`` (default ``embed_dim``).
         vdim: feature size of ``value`` (default ``embed_dim``).
         bias: give the four projections a bias.
@@ -151,10 +155,11 @@ class MultiHeadAttention(nn.Module):
             head by their positions (RoPE, :func:`attention.apply_rope`) before the
             scores; self-attention only, and ``head_dim`` must be even. None: no RoPE.
         attention_fn: the attention kernel, any function on the package's contract
-            ``f(q, k, v, *, attn_mask, is_causal, enable_gqa)`` with ``q`` ``(b, h, i, d)``,
-            ``k, v`` ``(b, h_kv, j, d)``, returning ``(b, h, i, d)``: e.g.
-            :func:`attention.tiled_attention` or :func:`attention.attention_with_sinks`
-            (bind its own options with ``functools.partial``). Default: PyTorch's fused
+            ``f(q, k, v, *, attn_mask, is_causal, enable_gqa)`` with ``q``
+            ``(b, h, i, d)``, ``k, v`` ``(b, h_kv, j, d)``, returning ``(b, h, i, d)``:
+            e.g. :func:`attention.tiled_attention` or
+            :func:`attention.attention_with_sinks` (bind its own options with
+            ``functools.partial``). Default: PyTorch's fused
             ``torch.nn.functional.scaled_dot_product_attention``, the fastest exact
             kernel on every device, which never stores the ``(i, j)`` weights and equals
             the package's reference :func:`attention.scaled_dot_product_attention` (pass
@@ -171,13 +176,15 @@ class MultiHeadAttention(nn.Module):
         >>> out.shape, w.shape
         (torch.Size([2, 5, 16]), torch.Size([2, 4, 5, 5]))
 
-    Incremental decoding with a KV cache: prefill with the prompt, then one token per call;
-    the outputs equal those of the full causal call ``mha(x, x, x, is_causal=True)``.
+    Incremental decoding with a KV cache: prefill with the prompt, then one token per
+    call; the outputs equal those of the full causal call
+    ``mha(x, x, x, is_causal=True)``.
 
         >>> cache = mha.new_cache(batch_size=2, max_len=5)
+        >>> prompt, token = x[:, :3], x[:, 3:4]
         >>> with torch.inference_mode():
-        ...     first, _ = mha(x[:, :3], x[:, :3], x[:, :3], is_causal=True, cache=cache)
-        ...     step, _ = mha(x[:, 3:4], x[:, 3:4], x[:, 3:4], is_causal=True, cache=cache)
+        ...     first, _ = mha(prompt, prompt, prompt, is_causal=True, cache=cache)
+        ...     step, _ = mha(token, token, token, is_causal=True, cache=cache)
         >>> step.shape, cache.length
         (torch.Size([2, 1, 16]), 4)
     """
@@ -217,8 +224,8 @@ class MultiHeadAttention(nn.Module):
         )
         if num_heads % num_kv_heads:
             raise ValueError(
-                "num_heads must be divisible by num_kv_heads (each key/value head serves a "
-                f"group of query heads), got {num_heads} and {num_kv_heads}"
+                "num_heads must be divisible by num_kv_heads (each key/value head "
+                f"serves a group of query heads), got {num_heads} and {num_kv_heads}"
             )
         kdim = embed_dim if kdim is None else check_int("kdim", kdim, minimum=1)
         vdim = embed_dim if vdim is None else check_int("vdim", vdim, minimum=1)
@@ -291,7 +298,8 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> KVCache:
-        """An empty :class:`attention.KVCache` shaped for this module (``h_kv`` heads of size ``d``).
+        """An empty :class:`attention.KVCache` shaped for this module (``h_kv`` heads of
+        size ``d``).
 
         dtype and device default to those of the module's parameters.
         """
@@ -350,7 +358,8 @@ class MultiHeadAttention(nn.Module):
                 )
             if t.shape[-1] != size:
                 raise ValueError(
-                    f"{name}'s last dimension must equal {size_name}={size}, got {t.shape[-1]}"
+                    f"{name}'s last dimension must equal {size_name}={size}, "
+                    f"got {t.shape[-1]}"
                 )
             check_like(name, t, "the module's parameters", layer.weight)
         sizes = [t.shape[batch_axis] for t in (query, key, value)]
@@ -374,9 +383,9 @@ class MultiHeadAttention(nn.Module):
             )
         if self.rope is not None and i != j:
             raise ValueError(
-                "with rope the keys must be the query tokens' own (self-attention), so "
-                f"key and query must have the same length, got {j} and {i} (cross-attention "
-                "has no shared positions)"
+                "with rope the keys must be the query tokens' own (self-attention), "
+                f"so key and query must have the same length, got {j} "
+                f"and {i} (cross-attention has no shared positions)"
             )
         if positions is not None:
             check_tensor("positions", positions)
@@ -448,33 +457,34 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``query`` to ``key``/``value`` in every head.
 
         Args:
-            query: ``(b, i, embed_dim)`` (``(i, b, embed_dim)`` with ``batch_first=False``).
+            query: ``(b, i, embed_dim)`` (``(i, b, embed_dim)`` with
+                ``batch_first=False``).
             key: ``(b, j, kdim)`` (``(j, b, kdim)``).
             value: ``(b, j, vdim)`` (``(j, b, vdim)``).
             attn_mask: boolean (**True = may attend**) or float (added to the scores),
                 broadcastable to ``(b, h, i, j)`` (with a cache, ``j`` counts the cached
                 positions too). Not together with ``is_causal``.
             is_causal: causal masking. Without a cache it is PyTorch's top-left mask
-                (query ``q`` sees keys ``k <= q``). With a cache the ``i`` queries are the
-                newest positions and see every cached key plus the new keys up to
+                (query ``q`` sees keys ``k <= q``). With a cache the ``i`` queries are
+                the newest positions and see every cached key plus the new keys up to
                 themselves (bottom-right alignment, :meth:`KVCache.causal_pattern`).
             need_weights: also return the per-head weights, computed by
                 :func:`attention.attention_weights` from the same queries, keys and mask
                 (the output still comes from ``attention_fn``). Only with a softmax
                 kernel (the default, or the package's reference).
-            cache: a :class:`attention.KVCache` (see :meth:`new_cache`). The new keys and
-                values are projected, appended to it, and the queries attend to all of
-                its positions. Prefill with the prompt, then call with one token at a time,
-                under ``torch.inference_mode()`` or ``torch.no_grad()``.
+            cache: a :class:`attention.KVCache` (see :meth:`new_cache`). The new keys
+                and values are projected, appended to it, and the queries attend to all
+                of its positions. Prefill with the prompt, then call with one token at a
+                time, under ``torch.inference_mode()`` or ``torch.no_grad()``.
             positions: with ``rope``, the integer positions of the ``i`` new tokens,
-                ``(i,)`` or ``(b, i)``; the keys share them. Default ``arange(i)``, shifted
-                by the cache's length when a cache is given, so cached decoding equals the
-                full causal call.
+                ``(i,)`` or ``(b, i)``; the keys share them. Default ``arange(i)``,
+                shifted by the cache's length when a cache is given, so cached decoding
+                equals the full causal call.
 
         Returns:
-            ``(output, weights)``: output ``(b, i, embed_dim)`` (``(i, b, embed_dim)`` with
-            ``batch_first=False``); weights ``(b, h, i, j)`` before dropout (rows sum to
-            1) if ``need_weights`` else ``None``. ``weights.mean(1)`` is what
+            ``(output, weights)``: output ``(b, i, embed_dim)`` (``(i, b, embed_dim)``
+            with ``batch_first=False``); weights ``(b, h, i, j)`` before dropout (rows
+            sum to 1) if ``need_weights`` else ``None``. ``weights.mean(1)`` is what
             ``nn.MultiheadAttention`` returns by default.
         """
         self._check_inputs(query, key, value)
@@ -520,12 +530,12 @@ class MultiHeadAttention(nn.Module):
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
         """A copy of an ``nn.MultiheadAttention``'s weights in this module.
 
-        Handles the packed ``in_proj_weight`` (``kdim = vdim = embed_dim``) and the separate
-        ``q/k/v_proj_weight``, with or without bias. The result takes batch-first inputs
-        whatever ``module.batch_first`` says, and boolean masks with True = may attend
-        (invert the masks given to the torch module). In evaluation mode
-        ``out, w = copy(q, k, v, need_weights=True)`` matches ``module``'s output and
-        ``w.mean(1)`` its head-averaged weights.
+        Handles the packed ``in_proj_weight`` (``kdim = vdim = embed_dim``) and the
+        separate ``q/k/v_proj_weight``, with or without bias. The result takes
+        batch-first inputs whatever ``module.batch_first`` says, and boolean masks with
+        True = may attend (invert the masks given to the torch module). In evaluation
+        mode ``out, w = copy(q, k, v, need_weights=True)`` matches ``module``'s output
+        and ``w.mean(1)`` its head-averaged weights.
 
         Raises:
             ValueError: for ``add_bias_kv=True`` or ``add_zero_attn=True``, which this
@@ -537,8 +547,8 @@ class MultiHeadAttention(nn.Module):
             )
         if module.bias_k is not None or module.add_zero_attn:
             raise ValueError(
-                "add_bias_kv and add_zero_attn are not supported: the module must be built "
-                "with add_bias_kv=False, add_zero_attn=False"
+                "add_bias_kv and add_zero_attn are not supported: the module "
+                "must be built with add_bias_kv=False, add_zero_attn=False"
             )
         e = module.embed_dim
         bias = module.in_proj_bias is not None

@@ -68,7 +68,8 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def get_activation(name: str | None) -> Callable[[Tensor], Tensor]:
-    """The activation called ``name`` (``"tanh"``, ``"relu"``, ``"sigmoid"``, ``"identity"``/None).
+    """The activation called ``name`` (``"tanh"``, ``"relu"``, ``"sigmoid"``,
+    ``"identity"``/None).
 
     Raises:
         TypeError: for a name that is not a string or None.
@@ -107,7 +108,8 @@ def dot_scores(query: Tensor, key: Tensor) -> Tensor:
         ``(..., i, j)`` scores.
 
     Example:
-        >>> dot_scores(torch.ones(1, 2), torch.tensor([[1.0, 2.0], [0.0, 0.0]])).tolist()
+        >>> key = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
+        >>> dot_scores(torch.ones(1, 2), key).tolist()
         [[3.0, 0.0]]
     """
     check_pair(query, key, same_size=True)
@@ -117,7 +119,8 @@ def dot_scores(query: Tensor, key: Tensor) -> Tensor:
 def scaled_dot_scores(
     query: Tensor, key: Tensor, *, scale: float | None = None
 ) -> Tensor:
-    r"""Scaled dot-product scores :math:`s_{ij} = q_i^\top k_j / \sqrt{d}` (Vaswani et al.).
+    r"""Scaled dot-product scores :math:`s_{ij} = q_i^\top k_j / \sqrt{d}` (Vaswani et
+    al.).
 
     With unit-variance entries :math:`\operatorname{Var}(q^\top k) = d`; dividing by
     :math:`\sqrt{d}` brings the scores back to unit variance (chapter 3).
@@ -140,10 +143,11 @@ def scaled_dot_scores(
 
 
 def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
-    r"""Cosine scores :math:`s_{ij} = q_i^\top k_j / \max(\lVert q_i\rVert \lVert k_j\rVert, \epsilon)`.
+    r"""Cosine scores
+    :math:`s_{ij} = q_i^\top k_j / \max(\lVert q_i\rVert \lVert k_j\rVert, \epsilon)`.
 
-    Bounded in :math:`[-1, 1]`: the lengths of the vectors no longer sharpen the softmax,
-    only their directions count (multiply by a temperature to sharpen again).
+    Bounded in :math:`[-1, 1]`: the lengths of the vectors no longer sharpen the
+    softmax, only their directions count (multiply by a temperature to sharpen again).
 
     Args:
         query: ``(..., i, d)``.
@@ -154,15 +158,16 @@ def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
         ``(..., i, j)`` scores in ``[-1, 1]``.
 
     Example:
-        >>> round(cosine_scores(torch.tensor([[3.0, 0.0]]), torch.tensor([[1.0, 1.0]])).item(), 4)
+        >>> query, key = torch.tensor([[3.0, 0.0]]), torch.tensor([[1.0, 1.0]])
+        >>> round(cosine_scores(query, key).item(), 4)
         0.7071
     """
     check_pair(query, key, same_size=True)
     eps = check_real("eps", eps)
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    # normalise first, then take the product: q.k and |q||k| overflow for entries ~1e20 in
-    # float32, the unit vectors' dot product cannot. The same value as
+    # normalise first, then take the product: q.k and |q||k| overflow for entries
+    # ~1e20 in float32, the unit vectors' dot product cannot. The same value as
     # q.k / max(|q||k|, eps) = cos * min(1, |q||k| / eps); a zero vector scores 0.
     q_unit, q_norm = _unit(query)  # (..., i, d), (..., i, 1)
     k_unit, k_norm = _unit(key)  # (..., j, d), (..., j, 1)
@@ -171,8 +176,8 @@ def cosine_scores(query: Tensor, key: Tensor, *, eps: float = 1e-8) -> Tensor:
 
 
 def _unit(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x / |x|`` and ``|x|`` along the last axis, scaled by the largest entry first so the
-    squares cannot overflow (a zero vector stays zero)."""
+    """``x / |x|`` and ``|x|`` along the last axis, scaled by the largest entry first so
+    the squares cannot overflow (a zero vector stays zero)."""
     tiny = torch.finfo(x.dtype).tiny
     top = (
         x.abs().amax(dim=-1, keepdim=True).clamp_min(tiny)
@@ -191,14 +196,15 @@ def general_scores(
     bias: Tensor | None = None,
     activation: str | None = None,
 ) -> Tensor:
-    r"""General (bilinear) scores :math:`s_{ij} = \mathrm{act}\big(k_j^\top W q_i + \beta_j\big)`.
+    r"""General (bilinear) scores
+    :math:`s_{ij} = \mathrm{act}\big(k_j^\top W q_i + \beta_j\big)`.
 
-    ``bias=None, activation=None`` is Luong's *general* score :math:`k^\top W q`. A vector
-    bias :math:`b \in \mathbb{R}^{d_k}` gives the *biased general* score
-    :math:`k^\top (W q + b)`, which adds the per-key prior :math:`\beta_j = k_j^\top b`; a
-    scalar bias :math:`b` with an activation gives the *activated general* score
-    :math:`\mathrm{act}(k^\top W q + b)`, as in Brauwers and Frasincar's taxonomy (a scalar
-    added inside the activation shifts every score alike). Because :math:`W` is
+    ``bias=None, activation=None`` is Luong's *general* score :math:`k^\top W q`. A
+    vector bias :math:`b \in \mathbb{R}^{d_k}` gives the *biased general* score
+    :math:`k^\top (W q + b)`, which adds the per-key prior :math:`\beta_j = k_j^\top b`;
+    a scalar bias :math:`b` with an activation gives the *activated general* score
+    :math:`\mathrm{act}(k^\top W q + b)`, as in Brauwers and Frasincar's taxonomy (a
+    scalar added inside the activation shifts every score alike). Because :math:`W` is
     ``(d_k, d_q)`` the query and the key may have different sizes.
 
     Args:
@@ -259,7 +265,8 @@ def additive_hidden(
     bias: Tensor | None = None,
     activation: str | None = "tanh",
 ) -> Tensor:
-    r"""The hidden layer of the additive score, :math:`\mathrm{act}(W_1 q_i + W_2 k_j + b)`.
+    r"""The hidden layer of the additive score,
+    :math:`\mathrm{act}(W_1 q_i + W_2 k_j + b)`.
 
     Each query and each key is projected once (``i + j`` projections, not ``i * j``);
     the sum is then formed by broadcasting over every pair.
@@ -276,7 +283,8 @@ def additive_hidden(
         ``(..., i, j, a)`` hidden features, one vector per (query, key) pair.
 
     Example:
-        >>> additive_hidden(torch.ones(2, 3), torch.ones(4, 3), torch.zeros(5, 3), torch.zeros(5, 3)).shape
+        >>> w = torch.zeros(5, 3)
+        >>> additive_hidden(torch.ones(2, 3), torch.ones(4, 3), w, w).shape
         torch.Size([2, 4, 5])
     """
     act = get_activation(activation)
@@ -293,7 +301,8 @@ def additive_scores(
     bias: Tensor | None = None,
     activation: str | None = "tanh",
 ) -> Tensor:
-    r"""Additive (concat, Bahdanau) scores :math:`s_{ij} = v^\top \mathrm{act}(W_1 q_i + W_2 k_j + b)`.
+    r"""Additive (concat, Bahdanau) scores
+    :math:`s_{ij} = v^\top \mathrm{act}(W_1 q_i + W_2 k_j + b)`.
 
     Equal to :math:`v^\top \mathrm{act}(W [q_i; k_j] + b)` with :math:`W = [W_1\ W_2]`,
     hence "concat". The query and key sizes are free: both are projected to ``a``.
@@ -386,7 +395,8 @@ class GeneralScore(nn.Module):
 
 
 class AdditiveScore(nn.Module):
-    r"""Learnable additive score :math:`v^\top \mathrm{act}(W_1 q + W_2 k + b)` (Bahdanau et al., 2015).
+    r"""Learnable additive score :math:`v^\top \mathrm{act}(W_1 q + W_2 k + b)`
+    (Bahdanau et al., 2015).
 
     Parameters:
         w_query: ``(d_hidden, d_q)`` matrix :math:`W_1`.
@@ -432,7 +442,8 @@ class AdditiveScore(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Uniform in :math:`\\pm 1/\\sqrt{\\text{fan-in}}` for each matrix, like ``nn.Linear``."""
+        """Uniform in :math:`\\pm 1/\\sqrt{\\text{fan-in}}` for each matrix, like
+        ``nn.Linear``."""
         nn.init.uniform_(
             self.w_query, -1 / math.sqrt(self.d_q), 1 / math.sqrt(self.d_q)
         )
@@ -443,7 +454,8 @@ class AdditiveScore(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def hidden(self, query: Tensor, key: Tensor) -> Tensor:
-        """``(..., i, j, d_hidden)`` hidden features :math:`\\mathrm{act}(W_1 q + W_2 k + b)`."""
+        """``(..., i, j, d_hidden)`` hidden features
+        :math:`\\mathrm{act}(W_1 q + W_2 k + b)`."""
         return additive_hidden(
             query, key, self.w_query, self.w_key, self.bias, self.activation
         )

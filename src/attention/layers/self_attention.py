@@ -1,16 +1,17 @@
 """Single-head self-attention with learned projections (chapter 5).
 
 Shape legend: ``b`` batch (any number of leading dims), ``i`` query positions, ``j`` key
-positions (``i = j`` in self-attention), ``d`` query/key size (``d_out_kq``), ``e`` value
-size (``d_out_v``).
+positions (``i = j`` in self-attention), ``d`` query/key size (``d_out_kq``), ``e``
+value size (``d_out_v``).
 
 Mask convention: boolean, **True = may attend**, broadcastable to ``(..., i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
+``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores.
 
 Weight convention: the projections are ``nn.Linear`` layers named ``w_query``, ``w_key``
 and ``w_value``. ``w_query.weight`` has shape ``(d_out_kq, d_in)``: it *is* the matrix
-:math:`W_Q` of the step-by-step walk-through, which computes ``q = W_Q @ x`` for one token
-``x``; for a whole sequence ``X`` of shape ``(i, d_in)`` the layer computes
+:math:`W_Q` of the step-by-step walk-through, which computes ``q = W_Q @ x`` for one
+token ``x``; for a whole sequence ``X`` of shape ``(i, d_in)`` the layer computes
 ``X @ W_Q.T`` (+ bias), the paper's ``X W`` with ``W = W_Q.T``. Copying a walk-through
 matrix into the module is therefore ``module.w_query.weight.copy_(W_query)``.
 """
@@ -27,8 +28,9 @@ __all__ = ["SelfAttention"]
 
 
 class SelfAttention(nn.Module):
-    r"""One head of self-attention: :math:`\operatorname{softmax}(Q K^\top/\sqrt{d}\,) V` with
-    :math:`Q = X W_Q^\top`, :math:`K = X W_K^\top`, :math:`V = X W_V^\top`.
+    r"""One head of self-attention:
+    :math:`\operatorname{softmax}(Q K^\top/\sqrt{d}\,) V` with :math:`Q = X W_Q^\top`,
+    :math:`K = X W_K^\top`, :math:`V = X W_V^\top`.
 
     The module owns only the three projections; the attention itself is the package's
     functional :func:`~attention.attention_weights` (the weights of
@@ -42,7 +44,8 @@ class SelfAttention(nn.Module):
         bias: give the projections a bias (default ``False``, as in the walk-through).
 
     Attributes:
-        w_query: ``nn.Linear(d_in, d_out_kq)``; ``w_query.weight`` is ``(d_out_kq, d_in)``.
+        w_query: ``nn.Linear(d_in, d_out_kq)``; ``w_query.weight`` is
+            ``(d_out_kq, d_in)``.
         w_key: ``nn.Linear(d_in, d_out_kq)``.
         w_value: ``nn.Linear(d_in, d_out_v)``.
 
@@ -81,9 +84,9 @@ class SelfAttention(nn.Module):
             x: ``(..., i, d_in)`` input tokens.
             attn_mask: boolean (**True = may attend**) or float (added to the scores),
                 broadcastable to ``(..., i, i)``. The scores of this single head have no
-                heads axis, so a key-padding mask from ``padding_mask(lengths, i)``, shaped
-                ``(b, 1, 1, i)`` for multi-head scores, is passed as ``mask[:, 0]``,
-                ``(b, 1, i)``.
+                heads axis, so a key-padding mask from ``padding_mask(lengths, i)``,
+                shaped ``(b, 1, 1, i)`` for multi-head scores, is passed as
+                ``mask[:, 0]``, ``(b, 1, i)``.
             is_causal: token ``q`` sees only tokens ``k <= q``; not together with
                 ``attn_mask``.
             need_weights: return the attention weights too.

@@ -86,7 +86,8 @@ def reversal_batch(
         batch_size: number of sequences ``b``.
         length: tokens per sequence ``n``.
         num_symbols: the symbols are ``FIRST_SYMBOL ... FIRST_SYMBOL + num_symbols - 1``
-            (so the vocabulary has ``num_symbols + 2`` entries, with ``PAD`` and ``BOS``).
+            (so the vocabulary has ``num_symbols + 2`` entries, with ``PAD`` and
+            ``BOS``).
         generator: a seeded ``torch.Generator`` for reproducible batches.
 
     Returns:
@@ -123,11 +124,12 @@ def lookup_batch(
 ) -> ReversalBatch:
     """The key-value lookup task: output the values in the order of their keys.
 
-    The source is ``num_pairs`` (key, value) pairs in a random order, ``k v k v ...``; the
-    keys are a permutation of the ``num_pairs`` key symbols, the values random. Output
-    position ``t`` must be the value paired with key ``t``. Where that value sits depends
-    on the content (where key ``t`` landed), not on ``t`` alone: unlike reversal, no fixed
-    alignment solves it. Returned in the same three fields as :func:`reversal_batch`.
+    The source is ``num_pairs`` (key, value) pairs in a random order, ``k v k v ...``;
+    the keys are a permutation of the ``num_pairs`` key symbols, the values random.
+    Output position ``t`` must be the value paired with key ``t``. Where that value sits
+    depends on the content (where key ``t`` landed), not on ``t`` alone: unlike
+    reversal, no fixed alignment solves it. Returned in the same three fields as
+    :func:`reversal_batch`.
 
     Token ids: keys ``FIRST_SYMBOL ... FIRST_SYMBOL + num_pairs - 1``, values the next
     ``num_values`` ids, so the vocabulary has ``2 + num_pairs + num_values`` entries.
@@ -139,12 +141,14 @@ def lookup_batch(
         generator: a seeded ``torch.Generator`` for reproducible batches.
 
     Returns:
-        :class:`ReversalBatch` with ``src`` ``(b, 2P)`` and ``tgt_in``, ``tgt_out`` ``(b, P)``.
+        :class:`ReversalBatch` with ``src`` ``(b, 2P)`` and ``tgt_in``, ``tgt_out``
+        ``(b, P)``.
 
     Example:
         >>> batch = lookup_batch(1, 3, 4, generator=torch.Generator().manual_seed(0))
         >>> src, out = batch.src[0].tolist(), batch.tgt_out[0].tolist()
-        >>> [src[src.index(2 + t) + 1] for t in range(3)] == out  # the value after key t
+        >>> # the value after key t
+        >>> [src[src.index(2 + t) + 1] for t in range(3)] == out
         True
     """
     batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -174,7 +178,8 @@ def encoder_decoder_masks(
     src_len: int,
     tgt_len: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The three masks of an encoder-decoder, shaped for single-head ``(b, i, j)`` scores.
+    """The three masks of an encoder-decoder, shaped for single-head ``(b, i, j)``
+    scores.
 
     True = may attend. Padding is always on the *key* side: a padded query row still
     sees the real keys (its output is ignored by the loss), so no row is fully masked.
@@ -203,8 +208,8 @@ def encoder_decoder_masks(
     tgt_pad = padding_mask(tgt_lengths, tgt_len)[:, 0]  # (b, 1, i)
     if src_pad.shape[0] != tgt_pad.shape[0]:
         raise ValueError(
-            "src_lengths and tgt_lengths must have one entry per sequence of the batch, "
-            f"got {src_pad.shape[0]} and {tgt_pad.shape[0]}"
+            "src_lengths and tgt_lengths must have one entry per sequence "
+            f"of the batch, got {src_pad.shape[0]} and {tgt_pad.shape[0]}"
         )
     if src_len and src_pad.shape[0] and not src_pad.any(-1).all():
         raise ValueError(
@@ -257,19 +262,22 @@ class TinySeq2Seq(nn.Module):
         check_tensor(name, tokens, dtype=torch.long)
         if tokens.dim() != 2:
             raise ValueError(
-                f"{name} must be a (b, n) tensor of token ids, got shape {tuple(tokens.shape)}"
+                f"{name} must be a (b, n) tensor of token ids, "
+                f"got shape {tuple(tokens.shape)}"
             )
         check_same_device(**{name: tokens, "the model": self.readout.weight})
         check_has_data(name, tokens)
         if tokens.shape[1] > self.max_len:
             raise ValueError(
-                f"{name} has {tokens.shape[1]} positions, more than max_len={self.max_len}"
+                f"{name} has {tokens.shape[1]} positions, "
+                f"more than max_len={self.max_len}"
             )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise ValueError(f"{name} token ids must lie in [0, {self.vocab_size - 1}]")
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """``(b, j)`` token ids -> ``(b, j, d)`` encoder states; ``src_mask`` ``(b, 1, j)``."""
+        """``(b, j)`` token ids -> ``(b, j, d)`` encoder states; ``src_mask``
+        ``(b, 1, j)``."""
         positions = torch.arange(src.shape[1], device=src.device)
         h = self.src_embed(src) + self.src_pos(positions)  # (b, j, d)
         return h + self.encoder_attn(h, attn_mask=src_mask)[0]  # (b, j, d)
@@ -281,8 +289,8 @@ class TinySeq2Seq(nn.Module):
         decoder_mask: Tensor | None = None,
         cross_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``(b, i)`` decoder input and ``(b, j, d)`` memory -> ``(b, i, V)`` logits and the
-        ``(b, i, j)`` cross-attention weights."""
+        """``(b, i)`` decoder input and ``(b, j, d)`` memory -> ``(b, i, V)`` logits and
+        the ``(b, i, j)`` cross-attention weights."""
         positions = torch.arange(tgt_in.shape[1], device=tgt_in.device)
         h = self.tgt_embed(tgt_in) + self.tgt_pos(positions)  # (b, i, d)
         if decoder_mask is None:
@@ -314,16 +322,17 @@ class TinySeq2Seq(nn.Module):
             need_weights: return the cross-attention weights too.
 
         Returns:
-            ``(logits, weights)``: ``(b, i, V)`` logits; the ``(b, i, j)`` cross-attention
-            weights (row = output position, column = source position) with
-            ``need_weights=True``, else ``None``.
+            ``(logits, weights)``: ``(b, i, V)`` logits; the ``(b, i, j)``
+            cross-attention weights (row = output position, column = source position)
+            with ``need_weights=True``, else ``None``.
         """
         self._check_tokens("src", src)
         self._check_tokens("tgt_in", tgt_in)
         check_bool("need_weights", need_weights)
         if src.shape[0] != tgt_in.shape[0]:
             raise ValueError(
-                f"src and tgt_in must have the same batch size, got {src.shape[0]} and {tgt_in.shape[0]}"
+                "src and tgt_in must have the same batch size, "
+                f"got {src.shape[0]} and {tgt_in.shape[0]}"
             )
         b, j, i = src.shape[0], src.shape[1], tgt_in.shape[1]
         enc_mask = dec_mask = cross_mask = None
