@@ -56,8 +56,8 @@ def _worker(
             rank,
             (exc, type(err).__name__, str(err), traceback.format_exc()),
         )
-    # Report before leaving the group: leaving closes the connections, and the other ranks'
-    # "connection closed" errors must not arrive before the cause.
+    # Report before leaving the group: leaving closes the connections, and the other
+    # ranks' "connection closed" errors must not arrive before the cause.
     results.put(report)
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -77,13 +77,14 @@ def _stop(processes) -> None:
 
 
 def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes and return rank 0's result.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes and return
+    rank 0's result.
 
     Each process is spawned fresh (``torch.multiprocessing``, start method ``spawn``),
     uses one CPU thread, and joins a gloo process group over localhost (a rendezvous
     store on a free port held by this process), so ``fn`` can call ``torch.distributed``
-    collectives and :func:`~attention.efficient.distributed.ring_attention`. Usable from a notebook
-    cell: nothing is left running when it returns or raises.
+    collectives and :func:`~attention.efficient.distributed.ring_attention`. Usable from
+    a notebook cell: nothing is left running when it returns or raises.
 
     Never hangs: the whole run (start-up included: each process imports torch, seconds
     on a loaded machine) must finish within ``timeout`` seconds, the group's own
@@ -94,7 +95,8 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
         fn: a module-level function (spawned processes import it by name; a lambda or a
             function defined in a notebook cell cannot be sent).
         world_size: the number of processes ``P`` (``>= 1``).
-        *args: arguments after ``rank, world_size``; tensors are copied to every process.
+        *args: arguments after ``rank, world_size``; tensors are copied to every
+            process.
         timeout: seconds allowed for the whole run.
 
     Returns:
@@ -127,8 +129,9 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
         main, "__file__", None
     ):
         raise TypeError(
-            f"fn must be importable by the spawned processes, but {fn.__qualname__!r} was defined "
-            "interactively (a notebook cell or the REPL): define it in a module"
+            "fn must be importable by the spawned processes, "
+            f"but {fn.__qualname__!r} was defined interactively "
+            "(a notebook cell or the REPL): define it in a module"
         )
     try:
         payload = pickle.dumps((fn, args))
@@ -137,8 +140,8 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
         )  # what the processes will do: fails for a function not importable
     except Exception as err:
         raise TypeError(
-            f"fn and args must be picklable and fn importable by name (a module-level function), "
-            f"got {getattr(fn, '__qualname__', fn)!r}: {err}"
+            "fn and args must be picklable and fn importable by name "
+            f"(a module-level function), got {getattr(fn, '__qualname__', fn)!r}: {err}"
         ) from None
     timeout = float(timeout)
     limit = datetime.timedelta(seconds=timeout)
@@ -164,8 +167,9 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(
-                    f"run_distributed: {len(pending)} of {world_size} processes (ranks "
-                    f"{sorted(pending)}) had not finished after {timeout:g} s; all were stopped"
+                    f"run_distributed: {len(pending)} of {world_size} "
+                    f"processes (ranks {sorted(pending)}) had not "
+                    f"finished after {timeout:g} s; all were stopped"
                 )
             try:
                 status, rank, data = results.get(timeout=min(left, 0.5))
@@ -207,7 +211,8 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
 
 
 def _rank_and_size(rank: int, world_size: int) -> list:
-    """A tiny worker: every rank's ``(rank, world_size)``, gathered (for tests and examples)."""
+    """A tiny worker: every rank's ``(rank, world_size)``, gathered (for tests and
+    examples)."""
     everyone = [None] * world_size
     dist.all_gather_object(everyone, (rank, world_size))
     return everyone

@@ -1,7 +1,8 @@
-"""Window bounds and block-layout checks shared by the mask builders and the sparse kernels.
+"""Window bounds and block-layout checks shared by the mask builders and the sparse
+kernels.
 
-Used by :mod:`attention.efficient.patterns` (which builds the masks) and :mod:`attention.efficient.sparse`
-(which computes only the blocks and bands they keep).
+Used by :mod:`attention.efficient.patterns` (which builds the masks) and
+:mod:`attention.efficient.sparse` (which computes only the blocks and bands they keep).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from .._checks import check_size, check_tensor
 
 
 def window_bounds(window, i: int, j: int) -> tuple[int, int]:
-    """``(left, right)`` from ``window`` (an int ``w`` or a pair), clamped to ``max(i, j)``.
+    """``(left, right)`` from ``window`` (an int ``w`` or a pair), clamped to
+    ``max(i, j)``.
 
     A bound beyond ``max(i, j)`` keeps every key on that side, so clamping changes
     nothing and keeps every size linear in the sequence (``None`` = unbounded).
@@ -26,8 +28,8 @@ def window_bounds(window, i: int, j: int) -> tuple[int, int]:
         sides = tuple(window)
     else:
         raise TypeError(
-            "window must be an int w (keys with |p - k| <= w) or a pair (left, right) of "
-            f"ints or None, got {window!r}"
+            "window must be an int w (keys with |p - k| <= w) or "
+            f"a pair (left, right) of ints or None, got {window!r}"
         )
     limit = max(i, j)
     left, right = (
@@ -47,8 +49,9 @@ def causal_bounds(
         return left, right
     if i != j:
         raise ValueError(
-            f"is_causal=True needs as many queries as keys here, got i={i} and j={j}; for "
-            "local attention over a cache (queries aligned bottom-right) pass window=(left, 0)"
+            f"is_causal=True needs as many queries as keys here, got i={i} and j={j}; "
+            "for local attention over a cache "
+            "(queries aligned bottom-right) pass window=(left, 0)"
         )
     return left, 0
 
@@ -61,7 +64,8 @@ def check_layout(layout) -> None:
         )
     if layout.dim() != 2:
         raise ValueError(
-            f"layout must be a 2-D (query blocks, key blocks) matrix, got shape {tuple(layout.shape)}"
+            "layout must be a 2-D (query blocks, key blocks) matrix, "
+            f"got shape {tuple(layout.shape)}"
         )
 
 

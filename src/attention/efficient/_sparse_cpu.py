@@ -5,17 +5,18 @@ Private to :func:`attention.efficient.sparse.block_sparse_attention`, which call
 ``None``. Chapter 13 teaches the gather path; this module is what makes the same result
 fast for inference on a CPU, and ``benchmarks/sparse.py`` measures it.
 
-Shape legend: ``z`` the batch and head dims merged into one, ``i`` query positions, ``j``
-key positions, ``d`` query/key size, ``e`` value size (here ``e = d``), ``B`` the block
-size, ``g`` a group of query blocks.
+Shape legend: ``z`` the batch and head dims merged into one, ``i`` query positions,
+``j`` key positions, ``d`` query/key size, ``e`` value size (here ``e = d``), ``B`` the
+block size, ``g`` a group of query blocks.
 
 The idea: cut every layout row into *runs* of consecutive kept key blocks. The keys of a
-run are one contiguous slice, so nothing is gathered: query blocks that keep the same run
-(a global column) are stacked against that slice, and query blocks whose run slides along
-with them (a band) are fed as a strided view with one key tile per query block, each group
-in one call of PyTorch's fused attention kernel. The kernel also returns each query's
-log-sum-exp ``l`` of its scores, so a row with several runs merges its partial results
-exactly: with ``L = logaddexp(l_1, l_2)``, ``o = exp(l_1 - L) o_1 + exp(l_2 - L) o_2``.
+run are one contiguous slice, so nothing is gathered: query blocks that keep the same
+run (a global column) are stacked against that slice, and query blocks whose run slides
+along with them (a band) are fed as a strided view with one key tile per query block,
+each group in one call of PyTorch's fused attention kernel. The kernel also returns each
+query's log-sum-exp ``l`` of its scores, so a row with several runs merges its partial
+results exactly: with ``L = logaddexp(l_1, l_2)``,
+``o = exp(l_1 - L) o_1 + exp(l_2 - L) o_2``.
 """
 
 from __future__ import annotations
@@ -28,19 +29,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # PyTorch's fused CPU attention kernel, called directly because it also returns the
-# log-sum-exp of each query's scores, which lets partial results over disjoint key sets be
-# merged exactly. It is a private op: where it is missing (or fails), the caller's gather
-# path is used instead.
+# log-sum-exp of each query's scores, which lets partial results over disjoint key sets
+# be merged exactly. It is a private op: where it is missing (or fails), the caller's
+# gather path is used instead.
 _FLASH_CPU = getattr(
     torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None
 )
 
-# The run path makes a few kernel calls per distinct run pattern; a layout scattered into
-# many short runs (a random one) is faster through the gather path. Use the run path while
-# it needs at most this many kernel calls per query block (plus a few).
+# The run path makes a few kernel calls per distinct run pattern; a layout scattered
+# into many short runs (a random one) is faster through the gather path. Use the run
+# path while it needs at most this many kernel calls per query block (plus a few).
 MAX_CALLS_PER_ROW = 2
 
-# Plans of layouts up to this many blocks are cached (a model reuses one layout per call).
+# Plans of layouts up to this many blocks are cached (a model reuses one layout per
+# call).
 _CACHE_MAX_BLOCKS = 1 << 16
 
 
@@ -54,11 +56,13 @@ def block_sparse_runs(
     *,
     max_calls_per_row: int = MAX_CALLS_PER_ROW,
 ) -> Tensor | None:
-    """Block-sparse attention through whole runs of kept blocks, or ``None`` where it does not apply.
+    """Block-sparse attention through whole runs of kept blocks, or ``None`` where it
+    does not apply.
 
-    Applies on the CPU to float32/64 inputs with ``d == e > 0`` and no autograd graph (the
-    kernel's backward ignores the log-sum-exp that the merge uses), when the op exists and
-    the plan needs at most ``max_calls_per_row`` kernel calls per query block (plus 4).
+    Applies on the CPU to float32/64 inputs with ``d == e > 0`` and no autograd graph
+    (the kernel's backward ignores the log-sum-exp that the merge uses), when the op
+    exists and the plan needs at most ``max_calls_per_row`` kernel calls per query block
+    (plus 4).
 
     Args:
         query: ``(..., i, d)``; key ``(..., j, d)``; value ``(..., j, d)``, batch dims
@@ -119,7 +123,8 @@ def _finite_scores(query: Tensor, key: Tensor, scale: float) -> bool:
 
 
 def _layout_runs(layout: Tensor) -> list[tuple[int, int, int]]:
-    """The maximal runs of consecutive True in each layout row: ``(row, first column, length)``."""
+    """The maximal runs of consecutive True in each layout row:
+    ``(row, first column, length)``."""
     edges = F.pad(layout.to(torch.int8), (1, 1)).diff(
         dim=-1
     )  # +1 at a start, -1 past an end
@@ -138,21 +143,24 @@ def _layout_runs(layout: Tensor) -> list[tuple[int, int, int]]:
 
 
 def _run_plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
-    """Cover the kept tiles with kernel calls that read keys and queries without copying them.
+    """Cover the kept tiles with kernel calls that read keys and queries without copying
+    them.
 
-    Every run of ``c`` kept key blocks starting at block ``s`` is one contiguous slice of the
-    keys. Two kinds of call:
+    Every run of ``c`` kept key blocks starting at block ``s`` is one contiguous slice
+    of the keys. Two kinds of call:
 
-    - ``("shared", rows, s, c)``: several query blocks keep the same run (a global column,
-      a full row pattern): their queries are stacked against that one key slice.
-    - ``("diagonal", r0, g, s0, c)``: query blocks ``r0 + t`` (``t < g``) keep the run that
-      starts at block ``s0 + t`` (a band): a strided view of the keys with one tile per query
-      block, a step of ``B`` positions between tiles. Grouped so that every tile of a call has
-      the same number of queries and keys (the partial last blocks go apart).
+    - ``("shared", rows, s, c)``: several query blocks keep the same run (a global
+      column, a full row pattern): their queries are stacked against that one key slice.
+    - ``("diagonal", r0, g, s0, c)``: query blocks ``r0 + t`` (``t < g``) keep the run
+      that starts at block ``s0 + t`` (a band): a strided view of the keys with one tile
+      per query block, a step of ``B`` positions between tiles. Grouped so that every
+      tile of a call has the same number of queries and keys (the partial last blocks go
+      apart).
 
-    A run that fits neither pattern but is a band window plus shared runs (the rows where
-    the band meets a global column) is cut into those pieces, which saves kernel calls.
-    The plan depends only on the layout and the sizes, so a small layout's plan is cached.
+    A run that fits neither pattern but is a band window plus shared runs (the rows
+    where the band meets a global column) is cut into those pieces, which saves kernel
+    calls. The plan depends only on the layout and the sizes, so a small layout's plan
+    is cached.
     """
     layout = layout.cpu()
     if layout.numel() > _CACHE_MAX_BLOCKS:
@@ -173,8 +181,8 @@ def _plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
     runs = _layout_runs(layout)
     plan = _plan_from_runs(runs, B, i, j)
     # Key blocks that every query block keeps (a global column): cut them out of every
-    # row, so that one call covers all the queries; its output then is the output buffer.
-    # Kept when it needs no more calls.
+    # row, so that one call covers all the queries; its output then is the output
+    # buffer. Kept when it needs no more calls.
     columns = [(s, c) for _, s, c in _layout_runs(layout.all(dim=0, keepdim=True))]
     if len(layout) > 1 and columns:
         s, c = columns[0]
@@ -198,7 +206,8 @@ def _plan(layout: Tensor, B: int, i: int, j: int) -> tuple[tuple, ...]:
 def _plan_from_runs(
     runs: list[tuple[int, int, int]], B: int, i: int, j: int
 ) -> tuple[tuple, ...]:
-    """Group ``(row, first column, length)`` runs into the calls of :func:`_run_plan`."""
+    """Group ``(row, first column, length)`` runs into the calls of
+    :func:`_run_plan`."""
     shared = collections.Counter((s, c) for _, s, c in runs)
     bands = collections.Counter((c, s - r) for r, s, c in runs)
     (width, offset), most = bands.most_common(1)[0] if runs else ((0, 0), 0)
@@ -254,8 +263,8 @@ def _attend_runs(
     """Block-sparse attention from the calls of :func:`_run_plan`, merged exactly.
 
     Each call returns, for its queries, the attention ``o`` over its keys and the
-    log-sum-exp ``l`` of the scores. A query block whose layout row has several runs gets
-    one partial result per run; the exact result over the union of the key sets is
+    log-sum-exp ``l`` of the scores. A query block whose layout row has several runs
+    gets one partial result per run; the exact result over the union of the key sets is
     ``exp(l_1 - L) o_1 + exp(l_2 - L) o_2`` with ``L = logaddexp(l_1, l_2)``, that is
     ``lerp(o_1, o_2, sigmoid(l_2 - l_1))``, written straight into the output.
     """
@@ -268,7 +277,8 @@ def _attend_runs(
     z = q.shape[0]
 
     def tiles(x: Tensor, first: int, g: int, length: int) -> Tensor:
-        """``(z, g, length, .)`` view: tile ``t`` is positions ``(first + t) B ...``, no copy."""
+        """``(z, g, length, .)`` view: tile ``t`` is positions ``(first + t) B ...``, no
+        copy."""
         return x.as_strided(
             (z, g, length, x.shape[-1]),
             (x.stride(0), B * x.stride(1), x.stride(1), 1),
@@ -304,7 +314,9 @@ def _attend_runs(
                 scale=scale,
             )[:2]
             o, lse_o = o[:, 0], lse_o[:, 0]
-        else:  # (z, g, B, d) query tiles against (z, g, T, d) key tiles, both strided views
+        else:
+            # (z, g, B, d) query tiles against (z, g, T, d) key tiles, both strided
+            # views
             r0, g, s0, c = spec
             rows = range(r0, r0 + g)
             size = min(B, i - r0 * B)  # only a lone last block can be partial
@@ -361,7 +373,8 @@ def _attend_runs(
 
 
 def _merge_into(dst: Tensor, lse: Tensor, rest: list[tuple[Tensor, Tensor]]) -> None:
-    """Fold the partial results ``(o_n, l_n)`` of ``rest`` into ``dst``, whose log-sum-exp is ``lse``."""
+    """Fold the partial results ``(o_n, l_n)`` of ``rest`` into ``dst``, whose
+    log-sum-exp is ``lse``."""
     for n, (o_n, l_n) in enumerate(rest, start=1):
         dst.lerp_(o_n, torch.sigmoid(l_n - lse).unsqueeze_(-1))
         if n < len(rest):

@@ -2,8 +2,8 @@
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``n`` sequence length (self-attention, ``i = j = n``),
-``d`` query/key size, ``e`` value size, ``r`` hash rounds, ``c`` chunks, ``C`` chunk size,
-``k`` projected length.
+``d`` query/key size, ``e`` value size, ``r`` hash rounds, ``c`` chunks, ``C`` chunk
+size, ``k`` projected length.
 
 * :func:`lsh_attention` (Reformer {cite}`kitaev2020reformer`): shared queries/keys are
   hashed with random rotations so that similar vectors tend to share a bucket; the
@@ -17,7 +17,8 @@ limit (one bucket and one chunk; ``k = n`` with identity projections). Both take
 package's attention contract ``(query, key, value, *, attn_mask=None, is_causal=False,
 scale=None, enable_gqa=False, ...)`` and refuse what they cannot do (LSH: an
 ``attn_mask``, and a key other than the query; Linformer: any mask or ``is_causal``).
-``lsh_buckets`` and ``linformer_projection`` are importable from ``attention.efficient.approximate``.
+``lsh_buckets`` and ``linformer_projection`` are importable from
+``attention.efficient.approximate``.
 """
 
 from __future__ import annotations
@@ -70,17 +71,18 @@ def lsh_buckets(
 ) -> Tensor:
     r"""Angular LSH bucket of every vector: :math:`h(x) = \arg\max([xR, -xR])`.
 
-    ``R`` is a random ``(d, num_buckets / 2)`` Gaussian matrix (one per hash round), i.e. a
-    random rotation followed by a projection. Vectors at a small angle land in the same
-    bucket with high probability; the bucket does not depend on the vector's length.
+    ``R`` is a random ``(d, num_buckets / 2)`` Gaussian matrix (one per hash round),
+    i.e. a random rotation followed by a projection. Vectors at a small angle land in
+    the same bucket with high probability; the bucket does not depend on the vector's
+    length.
 
     Args:
         x: ``(..., n, d)``.
         num_buckets: 1 (everything in bucket 0) or an even number.
         num_hashes: independent hash rounds ``r >= 1``.
-        generator: a CPU ``torch.Generator``, source of the rotations (drawn on the CPU, so a seeded generator
-            gives the same buckets on every device). The same seed gives the same
-            buckets as :func:`lsh_attention`.
+        generator: a CPU ``torch.Generator``, source of the rotations (drawn on the CPU,
+            so a seeded generator gives the same buckets on every device). The same seed
+            gives the same buckets as :func:`lsh_attention`.
 
     Returns:
         ``(..., r, n)`` integer buckets in ``[0, num_buckets)``.
@@ -114,7 +116,8 @@ def _buckets(x: Tensor, num_buckets: int, num_hashes: int, generator) -> Tensor:
 
 
 def _chunks_with_look_back(x: Tensor, fill: float | int | bool) -> Tensor:
-    """``(..., c, C, f)`` -> ``(..., c, 2C, f)``: chunk ``c - 1`` (``fill`` before the first) then ``c``."""
+    """``(..., c, C, f)`` -> ``(..., c, 2C, f)``: chunk ``c - 1`` (``fill`` before the
+    first) then ``c``."""
     before = torch.full_like(x[..., :1, :, :], fill)
     previous = torch.cat([before, x[..., :-1, :, :]], dim=-3)  # (..., c, C, f)
     return torch.cat([previous, x], dim=-2)  # (..., c, 2C, f)
@@ -136,15 +139,16 @@ def lsh_attention(
     normalize_keys: bool = False,
     deduplicate: bool = True,
 ) -> Tensor:
-    r"""Reformer's LSH attention with shared queries and keys {cite}`kitaev2020reformer`.
+    r"""Reformer's LSH attention with shared queries and keys
+    {cite}`kitaev2020reformer`.
 
     Pass the same tensor as ``query`` and ``key`` (``lsh_attention(x, x, v, ...)``): the
     method needs queries and keys to land in the same buckets, so it shares them.
     Exactly what is computed, for each hash round :math:`r`:
 
     1. Queries and keys are both ``x = query``; with ``normalize_keys`` the keys are
-       normalised to unit length, :math:`k_j = x_j / \lVert x_j \rVert`, as in the Reformer
-       paper. Scores are :math:`q_i \cdot k_j \cdot s`, ``s = scale`` (default
+       normalised to unit length, :math:`k_j = x_j / \lVert x_j \rVert`, as in the
+       Reformer paper. Scores are :math:`q_i \cdot k_j \cdot s`, ``s = scale`` (default
        :math:`1/\sqrt{d}`).
     2. Bucket every position with :func:`lsh_buckets` (argmax over ``[xR, -xR]``).
     3. Sort the positions by bucket, ties by position (so the sort is stable and the
@@ -160,14 +164,15 @@ def lsh_attention(
        left out by steps 4-5 never affects the query, whatever its value.
 
     With several rounds the outputs are combined by the share of the softmax mass each
-    round found, :math:`o_i = \sum_r \frac{e^{L_{ri}}}{\sum_{r'} e^{L_{r'i}}} o_{ri}` with
-    :math:`L_{ri}` the log-sum-exp of query ``i``'s scores in round ``r``. A key found in
-    :math:`N_{ij}` rounds would then count :math:`N_{ij}` times. With ``deduplicate`` (the
-    default) each round's score of such a key is lowered by :math:`\log N_{ij}`, as in the
-    Reformer paper, so that every key counts once and the result is exactly attention over
-    the **union** of the rounds' key sets :math:`P_i = \bigcup_r P_i^{(r)}` (steps 4-5 in
-    each round). :math:`N_{ij}` is found by looking each key of a query's chunks up in every
-    round: :math:`O(n C r^2)` extra work.
+    round found, :math:`o_i = \sum_r \frac{e^{L_{ri}}}{\sum_{r'} e^{L_{r'i}}} o_{ri}`
+    with :math:`L_{ri}` the log-sum-exp of query ``i``'s scores in round ``r``. A key
+    found in :math:`N_{ij}` rounds would then count :math:`N_{ij}` times. With
+    ``deduplicate`` (the default) each round's score of such a key is lowered by
+    :math:`\log N_{ij}`, as in the Reformer paper, so that every key counts once and the
+    result is exactly attention over the **union** of the rounds' key sets
+    :math:`P_i = \bigcup_r P_i^{(r)}` (steps 4-5 in each round). :math:`N_{ij}` is found
+    by looking each key of a query's chunks up in every round: :math:`O(n C r^2)` extra
+    work.
 
     With ``num_buckets=1`` and ``chunk_size >= n`` every query sees every key, so the
     result is full shared-QK attention with the self position masked (step 5):
@@ -181,12 +186,13 @@ def lsh_attention(
         attn_mask: must be None (the buckets, not a mask, decide what a query sees).
         is_causal: only keys at positions ``<= i``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
-        enable_gqa: accepted for the contract; shared queries and keys have the same heads,
-            so value must have them too.
+        enable_gqa: accepted for the contract; shared queries and keys have the same
+            heads, so value must have them too.
         num_buckets: 1 or an even number.
         num_hashes: hash rounds ``r >= 1``.
         chunk_size: ``C >= 1`` (a chunk longer than the sequence is cut to it).
-        generator: a CPU generator, source of the random rotations (see :func:`lsh_buckets`).
+        generator: a CPU generator, source of the random rotations (see
+            :func:`lsh_buckets`).
         normalize_keys: use unit-length keys (Reformer); default False, plain shared QK.
         deduplicate: count a key found in several rounds once (subtract the log of its
             count from its score); False counts it once per round.
@@ -204,13 +210,13 @@ def lsh_attention(
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if key is not query:
         raise ValueError(
-            "lsh_attention shares queries and keys (Reformer): pass the same tensor as query "
-            "and key, e.g. lsh_attention(x, x, value, ...)"
+            "lsh_attention shares queries and keys (Reformer): pass the same "
+            "tensor as query and key, e.g. lsh_attention(x, x, value, ...)"
         )
     if attn_mask is not None:
         raise ValueError(
-            "lsh_attention cannot apply an attn_mask: the hash buckets decide which keys a "
-            "query sees (use is_causal for the causal pattern)"
+            "lsh_attention cannot apply an attn_mask: the hash buckets decide "
+            "which keys a query sees (use is_causal for the causal pattern)"
         )
     num_buckets = _check_num_buckets(num_buckets)
     num_hashes = check_size("num_hashes", num_hashes)
@@ -359,8 +365,8 @@ def linformer_projection(
     r"""A random ``(k, n)`` sequence projection with entries :math:`\mathcal N(0, 1/k)`.
 
     Johnson-Lindenstrauss style: :math:`E^\top E \approx I` on average, so
-    :math:`(E K)^\top (E V) \approx K^\top V`. Linformer learns ``E`` and ``F``; a random
-    draw is the untrained starting point {cite}`wang2020linformer`.
+    :math:`(E K)^\top (E V) \approx K^\top V`. Linformer learns ``E`` and ``F``; a
+    random draw is the untrained starting point {cite}`wang2020linformer`.
 
     Args:
         n: sequence length ``>= 0``.
@@ -372,7 +378,8 @@ def linformer_projection(
         ``(k, n)`` tensor.
 
     Example:
-        >>> linformer_projection(10, 3, generator=torch.Generator().manual_seed(0)).shape
+        >>> g = torch.Generator().manual_seed(0)
+        >>> linformer_projection(10, 3, generator=g).shape
         torch.Size([3, 10])
     """
     n = check_int("n", n, minimum=0)
@@ -394,7 +401,8 @@ def linformer_attention(
     key_projection: Tensor,
     value_projection: Tensor,
 ) -> Tensor:
-    r"""Linformer attention :math:`\operatorname{softmax}(Q (E K)^\top s)\,(F V)` {cite}`wang2020linformer`.
+    r"""Linformer attention :math:`\operatorname{softmax}(Q (E K)^\top s)\,(F V)`
+    {cite}`wang2020linformer`.
 
     ``E = key_projection`` and ``F = value_projection`` project the ``n`` key/value
     *positions* down to ``k`` rows, so the scores are ``(i, k)``: time and memory
@@ -432,8 +440,8 @@ def linformer_attention(
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     if attn_mask is not None or is_causal:
         raise ValueError(
-            "linformer_attention cannot apply attn_mask or is_causal: its projections mix "
-            "all key positions, so no mask over positions survives them"
+            "linformer_attention cannot apply attn_mask or is_causal: its projections "
+            "mix all key positions, so no mask over positions survives them"
         )
     E, F = key_projection, value_projection
     for name, t in (("key_projection", E), ("value_projection", F)):

@@ -1,9 +1,9 @@
 r"""Feature maps for linear attention (taught in chapter 10).
 
 A feature map :math:`\varphi` sends a query or key ``(..., d)`` to non-negative features
-``(..., f)``; linear attention (:mod:`attention.efficient.linear`) replaces the softmax similarity
-:math:`\exp(q \cdot k)` by :math:`\varphi(q) \cdot \varphi(k)`. Any callable with that
-shape contract works; these three are the ones chapter 10 compares.
+``(..., f)``; linear attention (:mod:`attention.efficient.linear`) replaces the softmax
+similarity :math:`\exp(q \cdot k)` by :math:`\varphi(q) \cdot \varphi(k)`. Any callable
+with that shape contract works; these three are the ones chapter 10 compares.
 
 Shape legend: ``d`` the input (query/key) size, ``f`` the feature size.
 """
@@ -38,7 +38,8 @@ FeatureMap = Callable[[Tensor], Tensor]
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    r""":math:`\varphi(x) = \operatorname{elu}(x) + 1`, positive everywhere (the default).
+    r""":math:`\varphi(x) = \operatorname{elu}(x) + 1`, positive everywhere (the
+    default).
 
     Used by :cite:`katharopoulos2020transformers`: it is :math:`x + 1` for :math:`x > 0`
     and :math:`e^x` for :math:`x \le 0`, so it never reaches zero and the normaliser is
@@ -51,7 +52,8 @@ def elu_feature_map(x: Tensor) -> Tensor:
         ``(..., d)`` (here ``f = d``).
 
     Example:
-        >>> [round(x, 4) for x in elu_feature_map(torch.tensor([-1.0, 0.0, 2.0])).tolist()]
+        >>> phi = elu_feature_map(torch.tensor([-1.0, 0.0, 2.0]))
+        >>> [round(x, 4) for x in phi.tolist()]
         [0.3679, 1.0, 3.0]
     """
     check_tensor("x", x, floating=True)
@@ -59,7 +61,8 @@ def elu_feature_map(x: Tensor) -> Tensor:
 
 
 def relu_feature_map(x: Tensor) -> Tensor:
-    r""":math:`\varphi(x) = \max(x, 0)`: non-negative, but a query or key can map to zero.
+    r""":math:`\varphi(x) = \max(x, 0)`: non-negative, but a query or key can map to
+    zero.
 
     Args:
         x: ``(..., d)``.
@@ -76,7 +79,8 @@ def relu_feature_map(x: Tensor) -> Tensor:
 
 
 class _RandomFeatures:
-    """Positive random features for the softmax kernel (FAVOR+); see :func:`random_feature_map`."""
+    """Positive random features for the softmax kernel (FAVOR+); see
+    :func:`random_feature_map`."""
 
     non_negative = True  # exp(...) > 0: linear attention skips its sign scan
 
@@ -94,7 +98,8 @@ class _RandomFeatures:
         w = self.projection.to(dtype=x.dtype, device=x.device)
         x = x * self.scale
         f = w.shape[-1]
-        # exp(w . x - |x|^2 / 2) / sqrt(f): positive, and E[phi(q) . phi(k)] = exp(q . k).
+        # exp(w . x - |x|^2 / 2) / sqrt(f): positive, and
+        # E[phi(q) . phi(k)] = exp(q . k).
         return torch.exp(x @ w - 0.5 * (x * x).sum(-1, keepdim=True)) / math.sqrt(f)
 
     def __repr__(self) -> str:
@@ -111,16 +116,19 @@ def random_feature_map(
     scale: float | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> FeatureMap:
-    r"""Performer's positive random features for the softmax kernel :cite:`choromanski2021rethinking`.
+    r"""Performer's positive random features for the softmax kernel
+    :cite:`choromanski2021rethinking`.
 
     Draws ``w_1 ... w_f ~ N(0, I_d)`` once (orthogonal blocks if ``orthogonal``) and
     returns the feature map
 
-    .. math:: \varphi(x) = \frac{1}{\sqrt f}\, \exp\!\big(w^\top x' - \tfrac12 \lVert x' \rVert^2\big),
-              \quad x' = s\,x,
+    .. math::
 
-    for which :math:`\mathbb E[\varphi(q)\cdot\varphi(k)] = \exp(s^2\, q\cdot k)`. With the
-    default :math:`s = d^{-1/4}` that is the softmax attention kernel
+        \varphi(x) = \frac{1}{\sqrt f}\,
+        \exp\!\big(w^\top x' - \tfrac12 \lVert x' \rVert^2\big), \quad x' = s\,x,
+
+    for which :math:`\mathbb E[\varphi(q)\cdot\varphi(k)] = \exp(s^2\, q\cdot k)`. With
+    the default :math:`s = d^{-1/4}` that is the softmax attention kernel
     :math:`\exp(q \cdot k / \sqrt d)`, so linear attention with this map approximates
     softmax attention, better as ``num_features`` grows.
 
@@ -128,14 +136,14 @@ def random_feature_map(
         dim: the input size ``d``.
         num_features: the output size ``f``.
         generator: a CPU ``torch.Generator`` for reproducible draws.
-        orthogonal: draw the ``w`` in orthogonal blocks (lower variance), each row rescaled
-            to a chi-distributed norm as in the paper.
+        orthogonal: draw the ``w`` in orthogonal blocks (lower variance), each row
+            rescaled to a chi-distributed norm as in the paper.
         scale: ``s`` above; default ``dim ** -0.25``.
         dtype: dtype of the stored projection (cast to the input's dtype when applied).
 
     Returns:
-        A callable ``phi`` mapping ``(..., d)`` to ``(..., f)``; ``phi.projection`` is the
-        ``(d, f)`` matrix of the ``w``.
+        A callable ``phi`` mapping ``(..., d)`` to ``(..., f)``; ``phi.projection`` is
+        the ``(d, f)`` matrix of the ``w``.
 
     Example:
         >>> phi = random_feature_map(4, 8, generator=torch.Generator().manual_seed(0))

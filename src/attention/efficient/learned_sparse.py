@@ -1,9 +1,9 @@
 """Attention that learns where to look: NSA, MoBA and DeepSeek's lightning indexer
 (taught in chapter 13).
 
-Fixed sparse patterns (:mod:`attention.efficient.patterns`) decide in advance which keys a query
-sees. The methods here let the model decide, query by query, with a cheap score that
-ranks blocks of keys or single keys, and then attend to the best ones only:
+Fixed sparse patterns (:mod:`attention.efficient.patterns`) decide in advance which keys
+a query sees. The methods here let the model decide, query by query, with a cheap score
+that ranks blocks of keys or single keys, and then attend to the best ones only:
 
 - :func:`native_sparse_attention` (NSA, Yuan et al. 2025): three branches, a compressed
   one over mean-pooled blocks, a selected one over the top-scoring blocks, a sliding

@@ -1,18 +1,19 @@
-r"""Titans' neural memory: a model trained online, at test time, to map keys to values (chapter 12).
+r"""Titans' neural memory: a model trained online, at test time, to map keys to values
+(chapter 12).
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``n`` positions, ``d``
 key/query size, ``e`` value size, ``m`` hidden size of the MLP memory.
 
-The memory :math:`\mathcal{M}` is a small model, linear (:math:`\mathcal{M}(x) = W x`) or a
-2-layer MLP (:math:`\mathcal{M}(x) = W_2\, \mathrm{silu}(W_1 x)`), whose weights change
-while the sequence is read :cite:`behrouz2024titans`. Each token is one step of
+The memory :math:`\mathcal{M}` is a small model, linear (:math:`\mathcal{M}(x) = W x`)
+or a 2-layer MLP (:math:`\mathcal{M}(x) = W_2\, \mathrm{silu}(W_1 x)`), whose weights
+change while the sequence is read :cite:`behrouz2024titans`. Each token is one step of
 gradient descent on the associative loss
 
 .. math:: \ell(\mathcal{M}; k_t, v_t) = \tfrac12 \lVert \mathcal{M}(k_t) - v_t \rVert^2,
 
-whose gradient is the *surprise*. With momentum :math:`\eta_t` (past surprise), forgetting
-:math:`\alpha_t` and learning rate :math:`\theta_t`, for every weight :math:`W` of the
-memory:
+whose gradient is the *surprise*. With momentum :math:`\eta_t` (past surprise),
+forgetting :math:`\alpha_t` and learning rate :math:`\theta_t`, for every weight
+:math:`W` of the memory:
 
 .. math::
 
@@ -33,16 +34,17 @@ identity below is exact; ``gradient_at="previous"`` gives Titans' ordering.
 
 .. math::
 
-    W_t = (1-\alpha_t) W_{t-1} - \theta_t\big((1-\alpha_t) W_{t-1} k_t - v_t\big) k_t^\top
+    W_t = (1-\alpha_t) W_{t-1}
+        - \theta_t\big((1-\alpha_t) W_{t-1} k_t - v_t\big) k_t^\top
         = (1-\alpha_t)\, W_{t-1} (I - \theta_t k_t k_t^\top) + \theta_t v_t k_t^\top,
 
 which is the gated delta rule (:func:`attention.gated_delta_rule_attention`) with state
 :math:`S_t = W_t^\top` (``(d, e)``), :math:`\beta_t = \theta_t`,
 :math:`e^{g_t} = 1 - \alpha_t`, and ``scale=1`` (retrieval applies no scale). The loss
-scaling matters: with Titans' :math:`\lVert \mathcal{M}(k) - v\rVert^2` (no :math:`\tfrac12`)
-the gradient doubles and :math:`\beta_t = 2\theta_t`. ``tests/test_neural_memory.py``
-checks the identity, outputs and final state, with per-token :math:`\theta_t` and
-:math:`\alpha_t`.
+scaling matters: with Titans' :math:`\lVert \mathcal{M}(k) - v\rVert^2` (no
+:math:`\tfrac12`) the gradient doubles and :math:`\beta_t = 2\theta_t`.
+``tests/test_neural_memory.py`` checks the identity, outputs and final state, with
+per-token :math:`\theta_t` and :math:`\alpha_t`.
 
 The gradients are written out (for the MLP, the two-layer back-propagation by hand), so
 the whole update is differentiable by autograd: an outer training loop can learn the
@@ -78,7 +80,8 @@ def _silu_grad(x: Tensor) -> Tensor:
 
 
 class NeuralMemory(nn.Module):
-    r"""A test-time-trained key→value memory (Titans): ``update`` learns, ``retrieve`` reads.
+    r"""A test-time-trained key→value memory (Titans): ``update`` learns, ``retrieve``
+    reads.
 
     The parameters are the memory's *initial* weights: ``weight`` ``(e, d)`` for the
     linear memory (zeros), or ``weight1`` ``(m, d)`` (random, std :math:`d^{-1/2}`) and
@@ -90,12 +93,14 @@ class NeuralMemory(nn.Module):
         key_dim: ``d``.
         value_dim: ``e``.
         hidden_dim: ``None`` for a linear memory, else the MLP's hidden size ``m``.
-        learning_rate: :math:`\theta \ge 0`, the step size (fixed; per-token values can be
-            passed to :meth:`update`).
+        learning_rate: :math:`\theta \ge 0`, the step size (fixed; per-token values can
+            be passed to :meth:`update`).
         momentum: :math:`\eta \in [0, 1]`, the weight of past surprise.
-        forgetting: :math:`\alpha \in [0, 1]`, the fraction of the memory forgotten per token.
-        gradient_at: ``"forgotten"`` (default; the gradient at :math:`(1-\alpha)W`, exact
-            gated-delta-rule identity) or ``"previous"`` (at :math:`W_{t-1}`, Titans' order).
+        forgetting: :math:`\alpha \in [0, 1]`, the fraction of the memory forgotten per
+            token.
+        gradient_at: ``"forgotten"`` (default; the gradient at :math:`(1-\alpha)W`,
+            exact gated-delta-rule identity) or ``"previous"`` (at :math:`W_{t-1}`,
+            Titans' order).
 
     Example:
         >>> mem = NeuralMemory(2, 3, learning_rate=1.0)
@@ -163,7 +168,8 @@ class NeuralMemory(nn.Module):
         )
 
     def reset(self, batch_shape: tuple[int, ...] = ()) -> None:
-        """Start again from the initial weights, one copy per batch element, zero momentum."""
+        """Start again from the initial weights, one copy per batch element, zero
+        momentum."""
         weights = [w.expand(*batch_shape, *w.shape) for w in self._initial()]
         self.state = {
             "weights": weights,
@@ -175,7 +181,7 @@ class NeuralMemory(nn.Module):
         """The current weights, ``[(..., e, d)]`` or ``[(..., m, d), (..., e, m)]``."""
         return self._initial() if self.state is None else self.state["weights"]
 
-    # ----------------------------------------------------------------- memory as a function
+    # ------------------------------------------------------------- memory as a function
 
     def _apply(
         self, fn, recurse=True
@@ -192,7 +198,8 @@ class NeuralMemory(nn.Module):
         return F.silu(x @ weights[0].transpose(-2, -1)) @ weights[1].transpose(-2, -1)
 
     def _gradients(self, weights: list[Tensor], k: Tensor, v: Tensor) -> list[Tensor]:
-        """Gradient of 1/2 |M(k) - v|^2 for one key ``(..., d)`` and value ``(..., e)``."""
+        """Gradient of 1/2 |M(k) - v|^2 for one key ``(..., d)`` and value
+        ``(..., e)``."""
         if self.hidden_dim is None:
             residual = (weights[0] @ k.unsqueeze(-1)).squeeze(-1) - v  # (..., e)
             return [residual.unsqueeze(-1) * k.unsqueeze(-2)]  # (..., e, d)
@@ -222,8 +229,9 @@ class NeuralMemory(nn.Module):
         Args:
             keys: ``(..., n, d)``.
             values: ``(..., n, e)``.
-            learning_rate, momentum, forgetting: per-token :math:`\theta_t, \eta_t, \alpha_t`
-                as tensors ``(..., n)`` (or floats), overriding the module's fixed values.
+            learning_rate, momentum, forgetting: per-token
+                :math:`\theta_t, \eta_t, \alpha_t` as tensors ``(..., n)`` (or floats),
+                overriding the module's fixed values.
 
         Returns:
             ``(..., n)`` the surprise of each token before its step,
@@ -261,7 +269,8 @@ class NeuralMemory(nn.Module):
         )
 
     def retrieve(self, queries: Tensor) -> Tensor:
-        """Read the memory: ``M(q)`` for ``queries`` ``(..., i, d)``, no update. Returns ``(..., i, e)``."""
+        """Read the memory: ``M(q)`` for ``queries`` ``(..., i, d)``, no update. Returns
+        ``(..., i, e)``."""
         check_tensor("queries", queries, floating=True, min_dim=2)
         self._check_last("queries", queries, self.key_dim, "d = key_dim")
         check_like("queries", queries, "the memory's weights", self.weights[0])
@@ -273,10 +282,12 @@ class NeuralMemory(nn.Module):
         return self._forward(self.weights, queries)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, **rates) -> Tensor:
-        r"""Token by token: store ``(k_t, v_t)``, then read ``q_t``. Returns ``(..., n, e)``.
+        r"""Token by token: store ``(k_t, v_t)``, then read ``q_t``. Returns
+        ``(..., n, e)``.
 
-        This is the sequence form compared with :func:`attention.gated_delta_rule_attention`
-        (``scale=1``). ``rates`` as in :meth:`update` (per-token tensors ``(..., n)``).
+        This is the sequence form compared with
+        :func:`attention.gated_delta_rule_attention` (``scale=1``). ``rates`` as in
+        :meth:`update` (per-token tensors ``(..., n)``).
         """
         check_tensor("query", query, floating=True, min_dim=2)
         self._check_inputs(key, value, "key", "value")

@@ -1,28 +1,30 @@
 """Sparse attention patterns: which keys each query may see (taught in chapter 13).
 
 Each builder returns a boolean mask, **True = may attend**, as in
-``torch.nn.functional.scaled_dot_product_attention``; it broadcasts to the ``(b, h, i, j)``
-scores. The efficient kernels in :mod:`attention.efficient.sparse` compute exactly what the dense
-reference computes with these masks, and are tested against it.
+``torch.nn.functional.scaled_dot_product_attention``; it broadcasts to the
+``(b, h, i, j)`` scores. The efficient kernels in :mod:`attention.efficient.sparse`
+compute exactly what the dense reference computes with these masks, and are tested
+against it.
 
 Shape legend: ``i`` query positions (rows), ``j`` key positions (columns), ``n`` the
 sequence length when ``i = j``; a block layout is ``(ceil(i / B), ceil(j / B))`` for a
 block size ``B``.
 
-Window convention (the one used throughout the book). ``window=w`` (an int) keeps the keys
-with ``|p - k| <= w``, where ``p`` is the query's position: ``w`` keys on each side of the
-query plus the query itself, ``2w + 1`` keys; causal, ``w`` keys before the query plus the
-query, ``w + 1`` keys. ``window=(left, right)``
-keeps ``p - left <= k <= p + right``, ``None`` meaning unbounded on that side; this is
+Window convention (the one used throughout the book). ``window=w`` (an int) keeps the
+keys with ``|p - k| <= w``, where ``p`` is the query's position: ``w`` keys on each side
+of the query plus the query itself, ``2w + 1`` keys; causal, ``w`` keys before the query
+plus the query, ``w + 1`` keys. ``window=(left, right)`` keeps
+``p - left <= k <= p + right``, ``None`` meaning unbounded on that side; this is
 flash-attn's ``window_size=(left, right)`` (which writes ``-1`` for unbounded). Hugging
 Face's ``sliding_window=w`` counts the query itself: its causal sliding window is
-``window=(w - 1, 0)`` here, and its bidirectional one (``|p - k| <= w``) is ``window=w``.
-Published window sizes follow different conventions: gpt-oss's reference code masks
-``p - k >= 128``, so its window of 128 keeps 128 keys, ``window=(127, 0)`` here; Hugging
-Face's ``sliding_window=4096`` for Mistral 7B v0.1 keeps 4096 keys, ``window=(4095, 0)``.
-Before converting another model's number, read how its own masking code counts.
-With ``i != j`` the queries are the last ``i`` of the ``j`` positions (bottom-right
-alignment, as in decoding with a cache): query ``a`` sits at position ``p = a + j - i``.
+``window=(w - 1, 0)`` here, and its bidirectional one (``|p - k| <= w``) is
+``window=w``. Published window sizes follow different conventions: gpt-oss's reference
+code masks ``p - k >= 128``, so its window of 128 keeps 128 keys, ``window=(127, 0)``
+here; Hugging Face's ``sliding_window=4096`` for Mistral 7B v0.1 keeps 4096 keys,
+``window=(4095, 0)``. Before converting another model's number, read how its own masking
+code counts. With ``i != j`` the queries are the last ``i`` of the ``j`` positions
+(bottom-right alignment, as in decoding with a cache): query ``a`` sits at position
+``p = a + j - i``.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def _count_at_most(name: str, value, limit: int, limit_name: str) -> int:
 
 
 def _offsets(i: int, j: int, device) -> Tensor:
-    """``(i, j)`` matrix of ``p - k``: query position (bottom-right aligned) minus key position."""
+    """``(i, j)`` matrix of ``p - k``: query position (bottom-right aligned) minus key
+    position."""
     query_pos = torch.arange(j - i, j, device=device)  # (i,)
     key_pos = torch.arange(j, device=device)  # (j,)
     return query_pos[:, None] - key_pos[None, :]  # (i, j)
@@ -82,19 +85,21 @@ def sliding_window_mask(
 ) -> Tensor:
     """Local (sliding-window) mask of shape ``(i, j)``; True = may attend.
 
-    Query ``p`` may see key ``k`` iff ``p - left <= k <= p + right``; an int ``window=w``
-    means ``left = right = w``, i.e. ``|p - k| <= w``: ``w`` keys on each side plus the
-    query itself, ``2w + 1`` keys. ``is_causal`` sets ``right = 0``: ``w + 1`` keys, the
-    query and the ``w`` before it.
-    ``window=0`` keeps only the diagonal. See the module docstring for how this relates to
-    flash-attn's ``window_size`` and Hugging Face's ``sliding_window`` (HF's
-    ``sliding_window=w`` causal mask is ``window=(w - 1, 0)``).
+    Query ``p`` may see key ``k`` iff ``p - left <= k <= p + right``; an int
+    ``window=w`` means ``left = right = w``, i.e. ``|p - k| <= w``: ``w`` keys on each
+    side plus the query itself, ``2w + 1`` keys. ``is_causal`` sets ``right = 0``:
+    ``w + 1`` keys, the query and the ``w`` before it. ``window=0`` keeps only the
+    diagonal. See the module docstring for how this relates to flash-attn's
+    ``window_size`` and Hugging Face's ``sliding_window`` (HF's ``sliding_window=w``
+    causal mask is ``window=(w - 1, 0)``).
 
     Args:
         i: number of queries.
-        window: ``w >= 0``, or ``(left, right)`` with each ``>= 0`` or ``None`` (unbounded).
-        j: number of keys (default ``i``). With ``j != i`` the queries are the last ``i``
-            positions (bottom-right alignment): query ``a`` is position ``a + j - i``.
+        window: ``w >= 0``, or ``(left, right)`` with each ``>= 0`` or ``None``
+            (unbounded).
+        j: number of keys (default ``i``). With ``j != i`` the queries are the last
+            ``i`` positions (bottom-right alignment): query ``a`` is position
+            ``a + j - i``.
         is_causal: also hide keys after the query (needs ``i == j``; otherwise pass
             ``window=(left, 0)``).
 
@@ -104,7 +109,8 @@ def sliding_window_mask(
     Example:
         >>> sliding_window_mask(4, 1).int().tolist()
         [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
-        >>> sliding_window_mask(2, (1, 0), j=4).int().tolist()  # two new queries, causal
+        >>> # two new queries, causal
+        >>> sliding_window_mask(2, (1, 0), j=4).int().tolist()
         [[0, 1, 1, 0], [0, 0, 1, 1]]
     """
     i = check_int("i", i, minimum=0)
@@ -163,7 +169,8 @@ def _global_index(n: int, global_idx, device) -> Tensor:
             idx = torch.as_tensor(list(global_idx))
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(
-                f"global_idx must be a 1-D sequence of integer positions, got {global_idx!r}"
+                "global_idx must be a 1-D sequence of integer positions, "
+                f"got {global_idx!r}"
             ) from err
     if idx.numel() == 0:  # an empty list arrives as float: no global tokens
         idx = idx.long()
@@ -174,19 +181,21 @@ def _global_index(n: int, global_idx, device) -> Tensor:
         or idx.dtype == torch.bool
     ):
         raise ValueError(
-            f"global_idx must be a 1-D sequence of integer positions, got dtype {idx.dtype} "
-            f"and shape {tuple(idx.shape)}"
+            "global_idx must be a 1-D sequence of integer positions, "
+            f"got dtype {idx.dtype} and shape {tuple(idx.shape)}"
         )
     idx = idx.reshape(-1).long()
     if idx.device.type != "meta" and idx.numel() and (idx.min() < 0 or idx.max() >= n):
         raise ValueError(
-            f"global_idx must lie in [0, n={n}), got min {int(idx.min())} and max {int(idx.max())}"
+            f"global_idx must lie in [0, n={n}), got min "
+            f"{int(idx.min())} and max {int(idx.max())}"
         )
     return idx.to(device)
 
 
 def global_tokens_mask(n: int, window, global_idx, *, device=None) -> Tensor:
-    """Longformer pattern of shape ``(n, n)``: sliding window plus global tokens; True = may attend.
+    """Longformer pattern of shape ``(n, n)``: sliding window plus global tokens; True =
+    may attend.
 
     The positions in ``global_idx`` (e.g. a ``[CLS]`` token) attend to every key *and*
     are attended by every query: their rows and columns are all True. Everything else
@@ -223,16 +232,17 @@ def bigbird_mask(
     seed: int | None = None,
     device=None,
 ) -> Tensor:
-    """BigBird pattern of shape ``(n, n)``: window + global + random keys; True = may attend.
+    """BigBird pattern of shape ``(n, n)``: window + global + random keys; True = may
+    attend.
 
     The union of three graphs {cite}`zaheer2020bigbird`, built over blocks of
-    ``block_size`` positions (``B``; ``B = 1`` is the element-level pattern): the sliding
-    window of blocks ``|r - c| <= window``; the first ``num_global`` blocks as global
-    blocks (full rows and columns); and, for every other query block, ``num_random`` key
-    blocks drawn uniformly without replacement from the blocks that are **neither in its
-    window nor global**, as BigBird does, so each random draw adds new keys. A row with
-    fewer such blocks left gets all of them. The block layout is expanded with
-    :func:`block_sparse_mask` (the last block may be partial).
+    ``block_size`` positions (``B``; ``B = 1`` is the element-level pattern): the
+    sliding window of blocks ``|r - c| <= window``; the first ``num_global`` blocks as
+    global blocks (full rows and columns); and, for every other query block,
+    ``num_random`` key blocks drawn uniformly without replacement from the blocks that
+    are **neither in its window nor global**, as BigBird does, so each random draw adds
+    new keys. A row with fewer such blocks left gets all of them. The block layout is
+    expanded with :func:`block_sparse_mask` (the last block may be partial).
 
     So a query that is not global, with its whole window inside the sequence, keeps
     exactly ``(2 * window + 1 + num_global + num_random) * B`` keys (for an int window).
@@ -244,7 +254,8 @@ def bigbird_mask(
         num_random: random key blocks per query block, in ``[0, ceil(n / B)]``.
         block_size: ``B >= 1`` positions per block (BigBird uses 64).
         generator: a CPU ``torch.Generator``, the source of the random keys; or pass
-            ``seed`` for a fresh seeded one. With neither, the global torch generator is used.
+            ``seed`` for a fresh seeded one. With neither, the global torch generator is
+            used.
         seed: integer seed; not together with ``generator``.
 
     Returns:
@@ -252,7 +263,8 @@ def bigbird_mask(
 
     Example:
         >>> m = bigbird_mask(8, 1, 1, 2, seed=0)
-        >>> m.sum(dim=-1).tolist()  # global row 0; 3 window + 1 global + 2 random otherwise
+        >>> # global row 0; 3 window + 1 global + 2 random otherwise
+        >>> m.sum(dim=-1).tolist()
         [8, 5, 6, 6, 6, 6, 6, 5]
         >>> bigbird_mask(8, 0, 1, 1, block_size=2, seed=0).sum(dim=-1).tolist()
         [8, 8, 6, 6, 6, 6, 6, 6]
@@ -282,8 +294,9 @@ def bigbird_mask(
         blocks, window, range(num_global)
     )  # (blocks, blocks), CPU
     if num_random:
-        # per row, the num_random candidates with the smallest of independent uniforms: a
-        # uniformly random subset of the blocks outside the window and the global blocks
+        # per row, the num_random candidates with the smallest of independent uniforms:
+        # a uniformly random subset of the blocks outside the window and the global
+        # blocks
         free = ~layout  # (blocks, blocks): global rows are full, so they have none
         u = torch.rand(blocks, blocks, generator=generator).masked_fill(~free, 2.0)
         picks = u.argsort(dim=-1)[:, :num_random]  # (blocks, num_random)
@@ -306,14 +319,15 @@ def block_sparse_mask(
         layout: ``(ceil(i / B), ceil(j / B))`` boolean, True = the tile is computed.
         block_size: ``B >= 1``.
         n: sequence length (an int, or ``(i, j)`` for rectangular layouts). Default: the
-            full ``(rows * B, columns * B)`` of the layout. Each length must need exactly
-            the layout's number of blocks: ``ceil(n / B)``.
+            full ``(rows * B, columns * B)`` of the layout. Each length must need
+            exactly the layout's number of blocks: ``ceil(n / B)``.
 
     Returns:
         ``(i, j)`` boolean tensor on the layout's device.
 
     Example:
-        >>> block_sparse_mask(torch.tensor([[True, False], [True, True]]), 2, 3).int().tolist()
+        >>> layout = torch.tensor([[True, False], [True, True]])
+        >>> block_sparse_mask(layout, 2, 3).int().tolist()
         [[1, 1, 0], [1, 1, 0], [1, 1, 1]]
     """
     check_layout(layout)
@@ -345,7 +359,8 @@ def local_global_layout(
     is_causal: bool = False,
     device=None,
 ) -> Tensor:
-    """A block layout: a band of ``window`` neighbouring blocks plus ``num_global`` global blocks.
+    """A block layout: a band of ``window`` neighbouring blocks plus ``num_global``
+    global blocks.
 
     Block ``(r, c)`` is kept iff ``|r - c| <= window`` or ``r < num_global`` or
     ``c < num_global`` (the Longformer / BigBird shape at block level), and, with

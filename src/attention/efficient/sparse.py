@@ -4,17 +4,21 @@ Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size; ``B`` is a block
 size, ``c`` a query block, ``g`` a group of query blocks, ``T`` the keys of one tile.
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
-Each kernel here is exactly the dense reference :func:`attention.scaled_dot_product_attention`
-with a pattern from :mod:`attention.efficient.patterns` (:func:`~attention.efficient.patterns.sliding_window_mask`,
-:func:`~attention.efficient.patterns.block_sparse_mask`) combined with ``attn_mask``, but never builds
-the ``(i, j)`` scores: time and memory grow with the number of kept entries, linearly in
-``n`` for a fixed window or a fixed number of kept blocks per row. A key outside a query's
-window or layout never affects that query, not even a NaN or an infinity.
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores. Each kernel here is exactly the dense reference
+:func:`attention.scaled_dot_product_attention` with a pattern from
+:mod:`attention.efficient.patterns`
+(:func:`~attention.efficient.patterns.sliding_window_mask`,
+:func:`~attention.efficient.patterns.block_sparse_mask`) combined with ``attn_mask``,
+but never builds the ``(i, j)`` scores: time and memory grow with the number of kept
+entries, linearly in ``n`` for a fixed window or a fixed number of kept blocks per row.
+A key outside a query's window or layout never affects that query, not even a NaN or an
+infinity.
 
 Both take the package's attention contract: ``(query, key, value, *, attn_mask=None,
-is_causal=False, scale=None, enable_gqa=False, ...)`` with their own options after these.
+is_causal=False, scale=None, enable_gqa=False, ...)`` with their own options after
+these.
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ _CHUNK_ELEMENTS = 1 << 23
 
 
 def _prepare(query, key, value, attn_mask, is_causal, scale, enable_gqa):
-    """The contract's boundary checks; returns q, k, v broadcast to one batch, the mask and
-    the scale.
+    """The contract's boundary checks; returns q, k, v broadcast to one batch, the mask
+    and the scale.
 
     With ``enable_gqa`` every key/value head is repeated for its group of query heads. A
     float mask is cast to the query's dtype (torch 2.13's fused CPU kernel misreads a
@@ -73,7 +77,8 @@ def _blocks_per_step(elements_per_block: int, chunk_elements: int) -> int:
 
 
 def _pad_positions(x: Tensor, before: int, after: int) -> Tensor:
-    """Zero-pad the positions axis (-2) of ``(..., n, d)`` (no copy when there is no padding)."""
+    """Zero-pad the positions axis (-2) of ``(..., n, d)`` (no copy when there is no
+    padding)."""
     if before == 0 and after == 0:
         return x
     return F.pad(x, (0, 0, before, after))
@@ -95,7 +100,8 @@ def _trivial_output(query: Tensor, key: Tensor, value: Tensor) -> Tensor | None:
 
 
 def _gather_mask(mask: Tensor, i: int, j: int, rows: Tensor, cols: Tensor) -> Tensor:
-    """The entries ``mask[..., rows[g, a], cols[g, t]]`` as ``(..., g, a, t)``, nothing more.
+    """The entries ``mask[..., rows[g, a], cols[g, t]]`` as ``(..., g, a, t)``, nothing
+    more.
 
     ``mask`` broadcasts to ``(..., i, j)``; only the gathered entries are materialised.
     """
@@ -111,12 +117,13 @@ def _gather_mask(mask: Tensor, i: int, j: int, rows: Tensor, cols: Tensor) -> Te
 def _fused_tile_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
 ) -> Tensor:
-    """PyTorch's fused kernel on tiles ``(..., c, B, d)``, ``(..., c, T, d)``, ``(..., c, T, e)``.
+    """PyTorch's fused kernel on tiles ``(..., c, B, d)``, ``(..., c, T, d)``,
+    ``(..., c, T, e)``.
 
     It keeps each tile's scores in cache instead of writing them to memory. It wants 4-D
     inputs, so the leading dims are flattened into one. ``mask`` is boolean (True = may
-    attend) or float (added), broadcastable to ``(..., c, B, T)``; a row that sees no key
-    is zero.
+    attend) or float (added), broadcastable to ``(..., c, B, T)``; a row that sees no
+    key is zero.
     """
     lead = broadcast_shapes(
         "the tiles' batch dims", q.shape[:-3], k.shape[:-3], v.shape[:-3]
@@ -143,19 +150,20 @@ def _masked_tile_attention(
     scale: float,
     finite_values: bool,
 ) -> Tensor:
-    r"""Attention inside tiles, written out: :math:`\operatorname{softmax}(q k^\top s + \text{bias}) v`.
+    r"""Attention inside tiles, written out:
+    :math:`\operatorname{softmax}(q k^\top s + \text{bias}) v`.
 
     Args:
         q: ``(..., c, B, d)`` query blocks.
         k: ``(..., c, T, d)`` the keys each block may see (a tile).
         v: ``(..., c, T, e)``.
-        hide: boolean, broadcastable to ``(..., c, B, T)``, True = may **not** attend (the
-            complement of a mask, so a precomputed band costs no negation per step);
-            ``None`` hides nothing.
+        hide: boolean, broadcastable to ``(..., c, B, T)``, True = may **not** attend
+            (the complement of a mask, so a precomputed band costs no negation per
+            step); ``None`` hides nothing.
         bias: float, broadcastable to the scores, added to them; or ``None``.
-        finite_values: whether ``v`` is free of NaN and infinities. Otherwise the weighted
-            sum skips the hidden keys instead of multiplying them by a zero weight
-            (``0 * inf`` is NaN), so they cannot reach the row.
+        finite_values: whether ``v`` is free of NaN and infinities. Otherwise the
+            weighted sum skips the hidden keys instead of multiplying them by a zero
+            weight (``0 * inf`` is NaN), so they cannot reach the row.
 
     Returns:
         ``(..., c, B, e)``; a row with no visible key is zero.
@@ -164,8 +172,8 @@ def _masked_tile_attention(
     if bias is not None:
         scores = scores + bias
     if hide is not None:
-        # where, not +(-inf): a hidden NaN score must not survive. In place: the matmul's
-        # backward does not need its output.
+        # where, not +(-inf): a hidden NaN score must not survive. In place: the
+        # matmul's backward does not need its output.
         scores.masked_fill_(hide, float("-inf"))
     if bias is not None:
         hide = torch.isneginf(scores)  # a float mask can hide keys too
@@ -182,7 +190,8 @@ def _band_tile_attention(
     scale: float,
     finite_values: bool,
 ) -> Tensor:
-    """:func:`_masked_tile_attention` for tiles that share one band and reach no padding.
+    """:func:`_masked_tile_attention` for tiles that share one band and reach no
+    padding.
 
     The band is added to the scores as a ``(B, T)`` bias of 0 / -inf (a broadcast
     ``masked_fill`` costs many times more). Every query of such a tile sees at least
@@ -203,8 +212,8 @@ def _band_tile_attention(
 
 
 def _poison(out: Tensor, query: Tensor, key: Tensor, scale: float) -> Tensor:
-    """NaN in the rows whose score against any key, kept or skipped, is NaN or ``+inf``: the
-    rule of the dense reference (``_core.poisoned_rows``)."""
+    """NaN in the rows whose score against any key, kept or skipped, is NaN or ``+inf``:
+    the rule of the dense reference (``_core.poisoned_rows``)."""
     bad = poisoned_rows(query, key, scale, False)
     return out if bad is None else out.masked_fill(bad, float("nan"))
 
@@ -225,40 +234,44 @@ def sliding_window_attention(
     window,
     block_size: int | None = None,
 ) -> Tensor:
-    r"""Local attention in :math:`O(n \cdot w)` time and memory, equal to dense attention + band mask.
+    r"""Local attention in :math:`O(n \cdot w)` time and memory, equal to dense
+    attention + band mask.
 
     Query :math:`p` attends to the keys :math:`k` with :math:`p - \text{left} \le k \le
     p + \text{right}`, exactly as ``scaled_dot_product_attention(q, k, v,
     attn_mask=sliding_window_mask(i, window, j=j, is_causal=is_causal) & attn_mask)``.
 
     Window conventions: ``window=w`` is :math:`|p - k| \le w` (``w`` keys on each side);
-    ``window=(left, right)`` is flash-attn's ``window_size=(left, right)``, with ``None``
-    where flash-attn writes ``-1`` (unbounded). Hugging Face's ``sliding_window=w`` counts
-    the query itself: its causal window is ``window=(w - 1, 0)`` here. With ``i != j`` the
-    queries are the last ``i`` of the ``j`` positions (bottom-right, as in decoding with a
-    cache, and as flash-attn aligns them): query ``a`` sits at ``p = a + j - i``.
+    ``window=(left, right)`` is flash-attn's ``window_size=(left, right)``, with
+    ``None`` where flash-attn writes ``-1`` (unbounded). Hugging Face's
+    ``sliding_window=w`` counts the query itself: its causal window is
+    ``window=(w - 1, 0)`` here. With ``i != j`` the queries are the last ``i`` of the
+    ``j`` positions (bottom-right, as in decoding with a cache, and as flash-attn aligns
+    them): query ``a`` sits at ``p = a + j - i``.
 
-    How: the queries are cut into blocks of ``B`` positions. Block ``c`` can only see the
-    ``T = left + B + right`` keys from ``cB + j - i - left`` on, so those are one strided
-    ``unfold`` view of the zero-padded keys (no copy of the ``(i, j)`` matrix); the
-    ``(B, T)`` scores of many blocks are computed with one batched matmul, and a band mask
-    (the same for every block) hides what the dense mask hides. The work is
+    How: the queries are cut into blocks of ``B`` positions. Block ``c`` can only see
+    the ``T = left + B + right`` keys from ``cB + j - i - left`` on, so those are one
+    strided ``unfold`` view of the zero-padded keys (no copy of the ``(i, j)`` matrix);
+    the ``(B, T)`` scores of many blocks are computed with one batched matmul, and a
+    band mask (the same for every block) hides what the dense mask hides. The work is
     :math:`i \cdot T \cdot (d + e)`: linear in ``n``. Sizes beyond the sequence are
     clamped (a window of ``10**9`` is the whole sequence, not a huge tile).
 
     Args:
-        query, key, value: ``(..., h, i, d)``, ``(..., h_kv, j, d)``, ``(..., h_kv, j, e)``;
-            leading dims broadcast.
+        query, key, value: ``(..., h, i, d)``, ``(..., h_kv, j, d)``,
+            ``(..., h_kv, j, e)``; leading dims broadcast.
         attn_mask: boolean (**True = may attend**) or float (added to the scores),
             broadcastable to ``(..., h, i, j)``; combined with the window. Not together
             with ``is_causal``.
         is_causal: also hide the keys after each query (``right = 0``); needs ``i == j``
-            (for ``i != j`` pass ``window=(left, 0)``: torch's ``is_causal`` aligns top-left).
+            (for ``i != j`` pass ``window=(left, 0)``: torch's ``is_causal`` aligns
+            top-left).
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
         window: ``w >= 0`` or ``(left, right)``, each ``>= 0`` or ``None``.
         block_size: query block ``B >= 1``; default ``min(i, max(left, right, 32))``.
-            Any ``B`` gives the same result; ``B`` close to the window wastes least work.
+            Any ``B`` gives the same result; ``B`` close to the window wastes least
+            work.
 
     Returns:
         ``(..., h, i, e)``. A query that sees no key (possible with ``attn_mask`` or
@@ -267,9 +280,11 @@ def sliding_window_attention(
 
     Example:
         >>> q = k = torch.zeros(1, 4, 2); v = torch.arange(4.0).reshape(1, 4, 1)
-        >>> sliding_window_attention(q, k, v, window=1).flatten().tolist()  # neighbour means
+        >>> # neighbour means
+        >>> sliding_window_attention(q, k, v, window=1).flatten().tolist()
         [0.5, 1.0, 2.0, 2.5]
-        >>> sliding_window_attention(q, k, v, window=(1, 0)).flatten().tolist()  # causal
+        >>> # causal
+        >>> sliding_window_attention(q, k, v, window=(1, 0)).flatten().tolist()
         [0.0, 0.5, 1.5, 2.5]
     """
     query, key, value, attn_mask, scale = _prepare(
@@ -302,7 +317,8 @@ def _sliding_window(
     *,
     chunk_elements: int = _CHUNK_ELEMENTS,
 ) -> Tensor:
-    """The unchecked core of :func:`sliding_window_attention` (batch dims already broadcast)."""
+    """The unchecked core of :func:`sliding_window_attention` (batch dims already
+    broadcast)."""
     i, j, d, e = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     nb = -(-i // B)  # number of query blocks
     T = left + B + right  # keys per tile
@@ -313,7 +329,8 @@ def _sliding_window(
     before, after = max(0, -first), max(0, first + span - j)
 
     q = _pad_positions(query, 0, nb * B - i).unflatten(-2, (nb, B))  # (..., c, B, d)
-    # Tile c holds keys c*B + first ... c*B + first + T - 1: a strided view, no copy yet.
+    # Tile c holds keys c*B + first ... c*B + first + T - 1: a strided view, no copy
+    # yet.
     k = _pad_positions(key, before, after)[
         ..., first + before : first + before + span, :
     ]
@@ -323,8 +340,9 @@ def _sliding_window(
     k = k.unfold(-2, T, B).transpose(-1, -2)  # (..., c, T, d)
     v = v.unfold(-2, T, B).transpose(-1, -2)  # (..., c, T, e)
 
-    # Query a of block c is position c*B + a + j - i and key t of its tile is c*B + first + t,
-    # so "query minus key" is a + left - t in every block: one (B, T) band.
+    # Query a of block c is position c*B + a + j - i and key t of its tile is
+    # c*B + first + t, so "query minus key" is a + left - t in every block: one (B, T)
+    # band.
     a = torch.arange(B, device=query.device)
     t = torch.arange(T, device=query.device)
     offset = a[:, None] + left - t[None, :]  # (B, T)
@@ -336,9 +354,9 @@ def _sliding_window(
     finite = _all_finite(value)
     per_block = query.shape[:-2].numel() * B * (T + d + e + (0 if finite else T * e))
     step = _blocks_per_step(per_block, chunk_elements)
-    # Only the tiles at the two ends reach into the zero padding (and hold the queries that
-    # may see no key): they go one at a time through the general path. The tiles between
-    # share one band, added to their scores as 0 / -inf.
+    # Only the tiles at the two ends reach into the zero padding (and hold the queries
+    # that may see no key): they go one at a time through the general path. The tiles
+    # between share one band, added to their scores as 0 / -inf.
     edges = (
         set(padding.any(dim=-1).nonzero().flatten().tolist()) if mask is None else set()
     )
@@ -390,23 +408,23 @@ def block_sparse_attention(
 
     Equal to ``scaled_dot_product_attention(q, k, v, attn_mask=block_sparse_mask(layout,
     B, (i, j)) & attn_mask)`` (and the causal mask with ``is_causal``), but the work is
-    proportional to the number of kept tiles :math:`P`: :math:`P \cdot B^2 (d + e)` instead
-    of :math:`i \cdot j \cdot (d + e)`. A key in a block the layout drops never affects the
-    query, whatever its value.
+    proportional to the number of kept tiles :math:`P`: :math:`P \cdot B^2 (d + e)`
+    instead of :math:`i \cdot j \cdot (d + e)`. A key in a block the layout drops never
+    affects the query, whatever its value.
 
     How: group the query blocks by how many key blocks their layout row keeps. For a
     group of ``g`` query blocks that each keep ``m`` key blocks, gather those key/value
     blocks into ``(g, m B, d)`` tiles (``index_select`` of the kept blocks only) and run
     one batched attention: ``(g, B, m B)`` scores, their softmax, the weighted sum. Each
     query block sees all its kept keys in one tile, so its softmax is exact without any
-    rescaling. A local + global layout has only a handful of distinct row counts, hence a
-    handful of batched calls; large groups are processed a few blocks at a time. The
+    rescaling. A local + global layout has only a handful of distinct row counts, hence
+    a handful of batched calls; large groups are processed a few blocks at a time. The
     lengths need not be multiples of ``B``: the last blocks are zero-padded and the
     padding keys masked.
 
     For inference on a CPU (float32/64, ``e == d``, no input requiring grad, no
-    ``attn_mask``, not causal) a faster path that reads whole runs of kept blocks without
-    gathering them gives the same result; it lives in the private module
+    ``attn_mask``, not causal) a faster path that reads whole runs of kept blocks
+    without gathering them gives the same result; it lives in the private module
     ``attention.efficient._sparse_cpu``.
 
     Args:
@@ -420,18 +438,18 @@ def block_sparse_attention(
             ``<= a``).
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
-        layout: ``(ceil(i/B), ceil(j/B))`` boolean on the inputs' device, True = this tile
-            may attend (the mask convention at block level); the same for every batch and
-            head.
+        layout: ``(ceil(i/B), ceil(j/B))`` boolean on the inputs' device, True = this
+            tile may attend (the mask convention at block level); the same for every
+            batch and head.
         block_size: ``B >= 1``. Smaller blocks follow a pattern more closely but run
-            further from the hardware's peak: on a CPU, PyTorch's fused kernel computes a
-            score in a 128-row tile at 2.2-2.5 times its cost in one dense call, in a
+            further from the hardware's peak: on a CPU, PyTorch's fused kernel computes
+            a score in a 128-row tile at 2.2-2.5 times its cost in one dense call, in a
             256-row tile at about 1.5 times (``benchmarks/sparse.py`` measures this).
 
     Returns:
         ``(..., h, i, e)``. A query that sees no key gets a zero output, and one whose
-        score against any key (computed or skipped) is NaN or ``+inf`` gets NaN, as in the
-        dense reference.
+        score against any key (computed or skipped) is NaN or ``+inf`` gets NaN, as in
+        the dense reference.
 
     Example:
         >>> q = k = torch.zeros(1, 4, 2); v = torch.arange(4.0).reshape(1, 4, 1)
@@ -473,7 +491,8 @@ def _block_sparse_gather(
     *,
     chunk_elements: int = _CHUNK_ELEMENTS,
 ) -> Tensor:
-    """The readable path of :func:`block_sparse_attention` (inputs checked, batch broadcast)."""
+    """The readable path of :func:`block_sparse_attention` (inputs checked, batch
+    broadcast)."""
     i, j, d, e = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     batch = query.shape[:-2]
     nbq, nbk = layout.shape
@@ -490,8 +509,9 @@ def _block_sparse_gather(
     hides = mask is not None or is_causal or j % Bk != 0  # some kept keys are hidden
     finite = not hides or _all_finite(key, value)
 
-    # Group the query blocks by how many key blocks they keep: inside a group every query
-    # block gathers the same number of key tiles, so one batched call covers the group.
+    # Group the query blocks by how many key blocks they keep: inside a group every
+    # query block gathers the same number of key tiles, so one batched call covers the
+    # group.
     counts = layout.sum(dim=-1)  # (c,)
     pieces, order = [], []
     for count in counts.unique().tolist():
