@@ -1,11 +1,13 @@
-r"""Reading attention heads as circuits, and the scores that find induction heads (chapter 19).
+r"""Reading attention heads as circuits, and the scores that find induction heads
+(chapter 19).
 
 A transformer without MLPs is a *residual stream* that every head reads from and writes
 to additively. Head ``n`` of a layer factors into two matrices of size ``D x D`` (``D``
 the model size) whose rank is at most the head size ``d``:
 
 * the **QK circuit** :math:`W_{QK} = W_Q W_K^\top`: the score of query token ``x_i`` for
-  key token ``x_j`` is :math:`s \cdot x_i W_{QK} x_j^\top` (``s`` the scale), *where to look*;
+  key token ``x_j`` is :math:`s \cdot x_i W_{QK} x_j^\top` (``s`` the scale), *where to
+  look*;
 * the **OV circuit** :math:`W_{OV} = W_V W_O`: a key token ``x_j`` that is attended to
   adds :math:`x_j W_{OV}` to the stream, *what to move*.
 
@@ -71,7 +73,8 @@ __all__ = [
 
 
 def _head_weights(module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-head ``W_Q, W_K, W_V`` ``(h, D, d)`` and ``W_O`` ``(h, d, D)`` of a module."""
+    """Per-head ``W_Q, W_K, W_V`` ``(h, D, d)`` and ``W_O`` ``(h, d, D)`` of a
+    module."""
     h, d = module.num_heads, module.head_dim
     if isinstance(module, nn.MultiheadAttention):
         if module.in_proj_weight is None:  # separate kdim / vdim projections
@@ -98,20 +101,22 @@ def _head_weights(module) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def _pair(
     name: str, first, second, first_name: str, second_name: str
-) -> tuple[Tensor, Tensor]:
-    """Either a MultiHeadAttention (``second`` None) or two per-head matrices."""
+) -> tuple[Tensor, Tensor] | None:
+    """Either a MultiHeadAttention (``second`` None), then None, or two per-head
+    matrices, checked and returned."""
     if isinstance(first, MultiHeadAttention | nn.MultiheadAttention):
         if second is not None:
             raise ValueError(
-                f"{name} takes a MultiHeadAttention alone, or two matrices "
-                f"{first_name} and {second_name}; got a module and a {type(second).__name__}"
+                f"{name} takes a MultiHeadAttention "
+                f"alone, or two matrices {first_name} and {second_name}; "
+                f"got a module and a {type(second).__name__}"
             )
-        return None, None
+        return None
     for arg_name, t in ((first_name, first), (second_name, second)):
         if t is None:
             raise TypeError(
-                f"{name} needs a MultiHeadAttention or both {first_name} and {second_name}, "
-                f"got {second_name}=None"
+                f"{name} needs a MultiHeadAttention or both "
+                f"{first_name} and {second_name}, got {second_name}=None"
             )
         check_tensor(arg_name, t, floating=True, min_dim=2)
     _check_product(first_name, first, second_name, second)
@@ -138,10 +143,10 @@ def qk_circuit(w_query, w_key: Tensor | None = None) -> Tensor:
     :math:`1/\sqrt d`. Its rank is at most ``d``. Biases are left out.
 
     Args:
-        w_query: a :class:`~attention.MultiHeadAttention` or ``torch.nn.MultiheadAttention``
-            (then ``w_key`` is None and its per-head matrices are used, grouped key heads
-            repeated for their query heads),
-            or the per-head query matrices ``(..., D, d)``: ``q = x @ w_query``.
+        w_query: a :class:`~attention.MultiHeadAttention` or
+            ``torch.nn.MultiheadAttention`` (then ``w_key`` is None and its per-head
+            matrices are used, grouped key heads repeated for their query heads), or the
+            per-head query matrices ``(..., D, d)``: ``q = x @ w_query``.
         w_key: the per-head key matrices ``(..., D_k, d)``: ``k = x @ w_key``.
 
     Returns:
@@ -153,14 +158,16 @@ def qk_circuit(w_query, w_key: Tensor | None = None) -> Tensor:
         >>> qk.shape, int(torch.linalg.matrix_rank(qk[0]))
         (torch.Size([2, 8, 8]), 4)
     """
-    w_q, w_k = _pair("qk_circuit", w_query, w_key, "w_query", "w_key")
-    if w_q is None:
+    pair = _pair("qk_circuit", w_query, w_key, "w_query", "w_key")
+    if pair is None:
         w_q, w_k, _, _ = _head_weights(w_query)
-    elif w_q.shape[-1] != w_k.shape[-1]:
-        raise ValueError(
-            "w_query (..., D, d) and w_key (..., D_k, d) must share the head size d, "
-            f"got shapes {tuple(w_q.shape)} and {tuple(w_k.shape)}"
-        )
+    else:
+        w_q, w_k = pair
+        if w_q.shape[-1] != w_k.shape[-1]:
+            raise ValueError(
+                "w_query (..., D, d) and w_key (..., D_k, d) must share the head size "
+                f"d, got shapes {tuple(w_q.shape)} and {tuple(w_k.shape)}"
+            )
     return w_q @ w_k.transpose(-2, -1)  # (..., D, D_k)
 
 
@@ -168,14 +175,14 @@ def ov_circuit(w_value, w_out: Tensor | None = None) -> Tensor:
     r"""The OV circuit :math:`W_{OV} = W_V W_O` of every head: *what to move*.
 
     A key token ``x_j`` attended to with weight :math:`A_{ij}` adds
-    :math:`A_{ij}\, x_j W_{OV}^{(n)}` to position ``i`` of the residual stream, so a head's
-    output is :math:`\sum_j A_{ij}\, x_j W_{OV}`. Its rank is at most ``d``. Biases are
-    left out.
+    :math:`A_{ij}\, x_j W_{OV}^{(n)}` to position ``i`` of the residual stream, so a
+    head's output is :math:`\sum_j A_{ij}\, x_j W_{OV}`. Its rank is at most ``d``.
+    Biases are left out.
 
     Args:
-        w_value: a :class:`~attention.MultiHeadAttention` or ``torch.nn.MultiheadAttention``
-            (then ``w_out`` is None), or the
-            per-head value matrices ``(..., D_v, d)``: ``v = x @ w_value``.
+        w_value: a :class:`~attention.MultiHeadAttention` or
+            ``torch.nn.MultiheadAttention`` (then ``w_out`` is None), or the per-head
+            value matrices ``(..., D_v, d)``: ``v = x @ w_value``.
         w_out: the per-head slices of the output projection ``(..., d, D)``: head ``n``
             writes ``z_n @ w_out[n]``.
 
@@ -187,17 +194,20 @@ def ov_circuit(w_value, w_out: Tensor | None = None) -> Tensor:
         >>> x = torch.randn(5, 8)  # five tokens, each attended to with weight one
         >>> per_head = [x @ ov for ov in ov_circuit(mha)]  # what each head would write
         >>> v = split_heads(mha.w_value(x[None]), 2)[0]  # (h, j, d)
-        >>> torch.allclose(sum(per_head), mha.w_out(v.transpose(0, 1).reshape(5, 8)), atol=1e-5)
+        >>> out = mha.w_out(v.transpose(0, 1).reshape(5, 8))
+        >>> torch.allclose(sum(per_head), out, atol=1e-5)
         True
     """
-    w_v, w_o = _pair("ov_circuit", w_value, w_out, "w_value", "w_out")
-    if w_v is None:
+    pair = _pair("ov_circuit", w_value, w_out, "w_value", "w_out")
+    if pair is None:
         _, _, w_v, w_o = _head_weights(w_value)
-    elif w_v.shape[-1] != w_o.shape[-2]:
-        raise ValueError(
-            "w_value (..., D_v, d) and w_out (..., d, D) must share the head size d, "
-            f"got shapes {tuple(w_v.shape)} and {tuple(w_o.shape)}"
-        )
+    else:
+        w_v, w_o = pair
+        if w_v.shape[-1] != w_o.shape[-2]:
+            raise ValueError(
+                "w_value (..., D_v, d) and w_out (..., d, D) must share the head size "
+                f"d, got shapes {tuple(w_v.shape)} and {tuple(w_o.shape)}"
+            )
     return w_v @ w_o  # (..., D_v, D)
 
 
@@ -216,19 +226,21 @@ def composition_score(
     r"""How much a later head reads what an earlier head wrote (Elhage et al. 2021).
 
     .. math::
-        \frac{\lVert W_{OV}^{(1)} M \rVert_F}{\lVert W_{OV}^{(1)} \rVert_F\, \lVert M \rVert_F},
-        \quad M = W_{QK}^{(2)} \text{ (Q)},\ W_{QK}^{(2)\top} \text{ (K)},\ W_{OV}^{(2)} \text{ (V)}
+        \frac{\lVert W_{OV}^{(1)} M \rVert_F}
+        {\lVert W_{OV}^{(1)} \rVert_F\, \lVert M \rVert_F},
+        \quad M = W_{QK}^{(2)} \text{ (Q)},\ W_{QK}^{(2)\top} \text{ (K)},
+        \ W_{OV}^{(2)} \text{ (V)}
 
     The first head's output :math:`y = x W_{OV}^{(1)}` enters the second head's queries
     (Q-composition), keys (K-composition: an induction head's keys read a previous-token
     head's output) or values (V-composition). The score lies in ``[0, 1]``; random
-    matrices of rank ``d`` in ``D`` dimensions score about :math:`\sqrt{d/D}\,`-ish small
-    values, so compare against such a baseline.
+    matrices of rank ``d`` in ``D`` dimensions score about :math:`\sqrt{d/D}\,`-ish
+    small values, so compare against such a baseline.
 
     Args:
         ov_first: ``(..., D, D)`` OV circuit(s) of the earlier head(s).
-        circuit_second: ``(..., D, D)`` QK circuit(s) (``kind`` ``"q"`` or ``"k"``) or OV
-            circuit(s) (``"v"``) of the later head(s); leading dims broadcast.
+        circuit_second: ``(..., D, D)`` QK circuit(s) (``kind`` ``"q"`` or ``"k"``) or
+            OV circuit(s) (``"v"``) of the later head(s); leading dims broadcast.
         kind: ``"q"``, ``"k"`` or ``"v"``.
 
     Returns:
@@ -238,7 +250,8 @@ def composition_score(
 
     Example:
         >>> ov = torch.eye(4)
-        >>> round(composition_score(ov, torch.eye(4), kind="k").item(), 4)  # 2 / (2 * 2)
+        >>> # 2 / (2 * 2)
+        >>> round(composition_score(ov, torch.eye(4), kind="k").item(), 4)
         0.5
     """
     _check_square("ov_first", ov_first)
@@ -260,17 +273,19 @@ def composition_score(
 
 
 def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
-    r"""The share of a square circuit's eigenvalues that copies: :math:`\sum_k \lambda_k / \sum_k |\lambda_k|`.
+    r"""The share of a square circuit's eigenvalues that copies:
+    :math:`\sum_k \lambda_k / \sum_k |\lambda_k|`.
 
-    Applied to a head's full OV circuit from tokens to logits,
-    :math:`W_E W_{OV} W_U` (``V x V``), a score near 1 means attending to token ``t``
-    raises the logit of ``t`` itself (the head copies); near -1, it lowers it. Complex
-    eigenvalues come in conjugate pairs, so :math:`\sum_k \lambda_k` is the (real) trace.
-    The eigenvalues are computed in float64.
+    Applied to a head's full OV circuit from tokens to logits, :math:`W_E W_{OV} W_U`
+    (``V x V``), a score near 1 means attending to token ``t`` raises the logit of ``t``
+    itself (the head copies); near -1, it lowers it. Complex eigenvalues come in
+    conjugate pairs, so :math:`\sum_k \lambda_k` is the (real) trace. The eigenvalues
+    are computed in float64.
 
     Args:
         circuit: ``(..., V, V)``; or, with ``factors``, the first factor of a product
-            (``copying_score(w_embed, ov, w_unembed)`` scores ``w_embed @ ov @ w_unembed``).
+            (``copying_score(w_embed, ov, w_unembed)`` scores
+            ``w_embed @ ov @ w_unembed``).
         factors: further matrices multiplied on the right, in order.
 
     Returns:
@@ -291,8 +306,9 @@ def copying_score(circuit: Tensor, *factors: Tensor) -> Tensor:
             _check_product(so_far, circuit, f"factor {k}", f)
             if f.shape[-2] != circuit.shape[-1]:
                 raise ValueError(
-                    f"factor {k} of shape {tuple(f.shape)} cannot multiply a product of shape "
-                    f"{tuple(circuit.shape)}: its rows must match the product's columns"
+                    f"factor {k} of shape {tuple(f.shape)} "
+                    f"cannot multiply a product of shape {tuple(circuit.shape)}: "
+                    "its rows must match the product's columns"
                 )
             circuit = circuit @ f
     _check_square("circuit", circuit)
@@ -309,8 +325,8 @@ def _check_maps(weights) -> int:
     i, j = weights.shape[-2:]
     if i != j:
         raise ValueError(
-            "weights must be self-attention maps (..., n, n) with as many queries as keys, "
-            f"got shape {tuple(weights.shape)}"
+            "weights must be self-attention maps (..., n, n) with as "
+            f"many queries as keys, got shape {tuple(weights.shape)}"
         )
     return i
 
@@ -327,8 +343,8 @@ def _per_sequence(name: str, t: Tensor, weights: Tensor) -> Tensor:
     if t.dim() == 2:
         if weights.dim() < 3 or t.shape != (weights.shape[0], n):
             raise ValueError(
-                f"{name} of shape (b, n) needs weights (b, ..., n, n) with the same b and n, "
-                f"got {name} {tuple(t.shape)} and weights {tuple(weights.shape)}"
+                f"{name} of shape (b, n) needs weights (b, ..., n, n) with the same b "
+                f"and n, got {name} {tuple(t.shape)} and weights {tuple(weights.shape)}"
             )
         return t.reshape(t.shape[0], *([1] * (weights.dim() - 3)), n)  # (b, 1, ..., n)
     raise ValueError(f"{name} must be (n,) or (b, n), got shape {tuple(t.shape)}")
@@ -341,17 +357,20 @@ def _check_integer(name: str, t) -> None:
 
 
 def _score(weights: Tensor, chosen: Tensor) -> Tensor:
-    """Mean over the queries that have chosen keys of the weight on them (NaN if none has)."""
+    """Mean over the queries that have chosen keys of the weight on them (NaN if none
+    has)."""
     share = (weights * chosen).sum(-1)  # (..., i)
     has = chosen.any(-1).to(weights.dtype).expand_as(share)  # (..., i)
     return (share * has).sum(-1) / has.sum(-1)  # (...)
 
 
 def previous_token_score(weights: Tensor) -> Tensor:
-    r"""The mean weight a query puts on the token just before it: :math:`\frac{1}{n-1}\sum_{i \ge 1} A_{i,i-1}`.
+    r"""The mean weight a query puts on the token just before it:
+    :math:`\frac{1}{n-1}\sum_{i \ge 1} A_{i,i-1}`.
 
     A previous-token head scores near 1 (on any text: the pattern needs no repeated
-    tokens); a uniform causal head scores about :math:`\frac{1}{n-1}\sum_{i\ge1} \frac1{i+1}`.
+    tokens); a uniform causal head scores about
+    :math:`\frac{1}{n-1}\sum_{i\ge1} \frac1{i+1}`.
 
     Args:
         weights: ``(..., n, n)`` self-attention maps, ``n >= 2``.
@@ -360,13 +379,15 @@ def previous_token_score(weights: Tensor) -> Tensor:
         ``(...)`` in ``[0, 1]``.
 
     Example:
-        >>> previous_token_score(torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])).item()
+        >>> weights = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])
+        >>> previous_token_score(weights).item()
         0.75
     """
     n = _check_maps(weights)
     if n < 2:
         raise ValueError(
-            f"previous_token_score needs n >= 2 positions, got shape {tuple(weights.shape)}"
+            "previous_token_score needs n >= 2 positions, "
+            f"got shape {tuple(weights.shape)}"
         )
     return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)  # (...)
 
@@ -375,11 +396,11 @@ def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tenso
     r"""The mean weight on the *induction key*: the position after the previous copy.
 
     With an int period ``p`` the sequence repeats itself after ``p`` tokens
-    (``t_{i} = t_{i-p}`` for ``i >= p``), and query ``i >= p`` has induction key ``i - p + 1``:
-    :math:`\frac{1}{n-p}\sum_{i \ge p} A_{i,i-p+1}`. With a tensor of positions, query
-    ``i``'s induction key is ``positions[..., i]`` (``-1``: none), which handles a repeat at
-    a different offset in every sequence. The mean runs over the queries that have an
-    induction key (NaN where none has).
+    (``t_{i} = t_{i-p}`` for ``i >= p``), and query ``i >= p`` has induction key
+    ``i - p + 1``: :math:`\frac{1}{n-p}\sum_{i \ge p} A_{i,i-p+1}`. With a tensor of
+    positions, query ``i``'s induction key is ``positions[..., i]`` (``-1``: none),
+    which handles a repeat at a different offset in every sequence. The mean runs over
+    the queries that have an induction key (NaN where none has).
 
     Args:
         weights: ``(..., n, n)`` self-attention maps, e.g. ``(b, h, n, n)``.
@@ -403,8 +424,8 @@ def induction_score(weights: Tensor, period_or_positions: int | Tensor) -> Tenso
         positions = _per_sequence("positions", positions, weights)
         if positions.numel() and (positions.min() < -1 or positions.max() >= n):
             raise ValueError(
-                f"positions must be -1 (no induction key) or in [0, {n}), got values in "
-                f"[{int(positions.min())}, {int(positions.max())}]"
+                f"positions must be -1 (no induction key) or in [0, {n}), got "
+                f"values in [{int(positions.min())}, {int(positions.max())}]"
             )
         keys = torch.arange(n, device=weights.device)
         chosen = positions.unsqueeze(-1) == keys  # (..., i, j)
@@ -437,19 +458,20 @@ def prefix_matching_score(
 ) -> Tensor:
     r"""The mean weight on tokens that *follow* an earlier copy of the current token.
 
-    Query ``i`` (token ``t_i``) has the chosen keys :math:`S_i = \{\, k + 1 : t_k = t_i,\ k < i \,\}`
-    (with ``is_causal=False``: any :math:`k \ne i`); the score averages
-    :math:`\sum_{j \in S_i} A_{ij}` over the queries with a non-empty :math:`S_i` (NaN
-    where none has). Olsson et al. (2022) measure it on repeated random tokens; it is the
-    attention half of an induction head, read from the tokens rather than from a known
-    period (compare :func:`induction_score`).
+    Query ``i`` (token ``t_i``) has the chosen keys
+    :math:`S_i = \{\, k + 1 : t_k = t_i,\ k < i \,\}` (with ``is_causal=False``: any
+    :math:`k \ne i`); the score averages :math:`\sum_{j \in S_i} A_{ij}` over the
+    queries with a non-empty :math:`S_i` (NaN where none has). Olsson et al. (2022)
+    measure it on repeated random tokens; it is the attention half of an induction head,
+    read from the tokens rather than from a known period (compare
+    :func:`induction_score`).
 
     Args:
         weights: ``(..., n, n)`` self-attention maps, e.g. ``(b, h, n, n)``.
         tokens: integer token ids ``(n,)`` (shared) or ``(b, n)`` (one row per leading
             index of ``weights``).
-        is_causal: the chosen keys come from earlier copies only (a causal model); False for an
-            encoder, whose queries see copies on both sides.
+        is_causal: the chosen keys come from earlier copies only (a causal model); False
+            for an encoder, whose queries see copies on both sides.
 
     Returns:
         ``(...)`` in ``[0, 1]``.
@@ -469,8 +491,8 @@ def duplicate_token_score(
     r"""The mean weight on earlier copies of the current token.
 
     Query ``i`` has the chosen keys :math:`S_i = \{\, j : t_j = t_i,\ j < i \,\}` (with
-    ``is_causal=False``: any :math:`j \ne i`); the score averages the weight on them over
-    the queries that have one (NaN where none has).
+    ``is_causal=False``: any :math:`j \ne i`); the score averages the weight on them
+    over the queries that have one (NaN where none has).
 
     Args:
         weights: ``(..., n, n)`` self-attention maps.
@@ -514,7 +536,8 @@ class AttentionOnlyTrace:
         weights: ``(L, b, h, n, n)``, the attention maps of every layer and head.
         contributions: ``(L, b, h, n, D)``, what each head added to the residual stream
             (zero for an ablated head); summed over ``h`` it is the layer's output.
-        residuals: ``(L + 1, b, n, D)``: the embeddings, then the stream after each layer.
+        residuals: ``(L + 1, b, n, D)``: the embeddings, then the stream after each
+            layer.
     """
 
     logits: Tensor
@@ -524,17 +547,18 @@ class AttentionOnlyTrace:
 
 
 class AttentionOnlyTransformer(nn.Module):
-    r"""A causal transformer with attention layers only: embed, ``L`` attention layers, unembed.
+    r"""A causal transformer with attention layers only: embed, ``L`` attention layers,
+    unembed.
 
     .. math::
         x^{(0)} = W_E[t] + W_P, \quad
         x^{(l+1)} = x^{(l)} + \sum_n A^{(l,n)} x^{(l)} W_{OV}^{(l,n)}, \quad
         \text{logits} = x^{(L)} W_U
 
-    with :math:`A^{(l,n)} = \operatorname{softmax}(x^{(l)} W_{QK}^{(l,n)} x^{(l)\top}/\sqrt d + M)`
-    and ``M`` the causal mask (query ``i`` sees keys ``j <= i``). No MLPs, no LayerNorm, no
-    biases, so every path from tokens to logits is a product of the matrices above (the
-    setting of Elhage et al. 2021).
+    with :math:`A^{(l,n)} = \operatorname{softmax}(x^{(l)} W_{QK}^{(l,n)}
+    x^{(l)\top}/\sqrt d + M)` and ``M`` the causal mask (query ``i`` sees keys
+    ``j <= i``). No MLPs, no LayerNorm, no biases, so every path from tokens to logits
+    is a product of the matrices above (the setting of Elhage et al. 2021).
 
     Args:
         vocab_size: ``V``.
@@ -546,8 +570,8 @@ class AttentionOnlyTransformer(nn.Module):
 
     Submodules: ``embed`` (``nn.Embedding(V, D)``, :math:`W_E`), ``pos_embed``
     (``nn.Embedding(max_len, D)``), ``layers`` (``L`` bias-free
-    :class:`~attention.MultiHeadAttention`), ``unembed`` (``nn.Linear(D, V, bias=False)``;
-    :math:`W_U` is ``unembed.weight.T``).
+    :class:`~attention.MultiHeadAttention`), ``unembed``
+    (``nn.Linear(D, V, bias=False)``; :math:`W_U` is ``unembed.weight.T``).
 
     Example:
         >>> model = AttentionOnlyTransformer(10, 16, 2, 2, max_len=8)
@@ -555,8 +579,10 @@ class AttentionOnlyTransformer(nn.Module):
         >>> model(tokens).shape
         torch.Size([3, 8, 10])
         >>> trace = model.trace(tokens, ablate=[(0, 1)])
-        >>> trace.weights.shape, trace.contributions.shape, trace.contributions[0, :, 1].abs().max().item()
-        (torch.Size([2, 3, 2, 8, 8]), torch.Size([2, 3, 2, 8, 16]), 0.0)
+        >>> trace.weights.shape, trace.contributions.shape
+        (torch.Size([2, 3, 2, 8, 8]), torch.Size([2, 3, 2, 8, 16]))
+        >>> trace.contributions[0, :, 1].abs().max().item()
+        0.0
     """
 
     def __init__(
@@ -578,7 +604,8 @@ class AttentionOnlyTransformer(nn.Module):
         self.max_len = check_int("max_len", max_len, minimum=1)
         if embed_dim % num_heads:
             raise ValueError(
-                f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}"
+                "embed_dim must be divisible by num_heads, "
+                f"got {embed_dim} and {num_heads}"
             )
         factory = check_factory(device, dtype)
         self.embed = nn.Embedding(vocab_size, embed_dim, **factory)
@@ -597,7 +624,8 @@ class AttentionOnlyTransformer(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"vocab_size={self.vocab_size}, embed_dim={self.embed_dim}, "
-            f"num_heads={self.num_heads}, num_layers={self.num_layers}, max_len={self.max_len}"
+            f"num_heads={self.num_heads}, num_layers={self.num_layers}, "
+            f"max_len={self.max_len}"
         )
 
     def _check(self, tokens, ablate, weights_hook):
@@ -631,7 +659,8 @@ class AttentionOnlyTransformer(nn.Module):
             heads.add((layer, head))
         if weights_hook is not None and not callable(weights_hook):
             raise TypeError(
-                f"weights_hook must be callable or None, got {type(weights_hook).__name__}"
+                "weights_hook must be callable or None, "
+                f"got {type(weights_hook).__name__}"
             )
         return heads
 
@@ -642,6 +671,7 @@ class AttentionOnlyTransformer(nn.Module):
         x = self.embed(tokens) + self.pos_embed.weight[:n]  # (b, n, D)
         residuals, maps, contributions = [x], [], []
         for index, layer in enumerate(self.layers):
+            assert isinstance(layer, MultiHeadAttention)  # what __init__ built
             q = split_heads(layer.w_query(x), h)  # (b, h, n, d)
             k = split_heads(layer.w_key(x), h)  # (b, h, n, d)
             v = split_heads(layer.w_value(x), h)  # (b, h, n, d)

@@ -4,11 +4,12 @@ Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_k
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size, ``e``
 value size, ``n`` any normalised axis.
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores.
 
-Softmax gives every key a positive weight and makes the keys of a row compete for one unit
-of weight. The maps here change one or the other:
+Softmax gives every key a positive weight and makes the keys of a row compete for one
+unit of weight. The maps here change one or the other:
 
 * :func:`sparsemax` :cite:`martins2016softmax` and :func:`entmax15`
   :cite:`peters2019sparse` are projections onto the probability simplex that give exact
@@ -17,8 +18,9 @@ of weight. The maps here change one or the other:
   no competition between keys and no normalisation;
 * :func:`differential_attention` :cite:`ye2024differential` subtracts a second softmax
   map, cancelling weight that both maps give to the same irrelevant keys;
-* :class:`RefinedSelfAttention` attends over the rows of the attention matrix itself, the
-  idea of attention-weight refinement for sequential recommendation :cite:`liu2024pay`.
+* :class:`RefinedSelfAttention` attends over the rows of the attention matrix itself,
+  the idea of attention-weight refinement for sequential recommendation
+  :cite:`liu2024pay`.
 """
 
 from __future__ import annotations
@@ -117,15 +119,15 @@ def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
         \operatorname{sparsemax}(z) = \arg\min_{p \in \Delta} \lVert p - z \rVert^2
         = [z - \tau]_+, \qquad \tau = \frac{\sum_{k \le K} z_{(k)} - 1}{K}
 
-    with :math:`z_{(1)} \ge z_{(2)} \ge \dots` the sorted entries and :math:`K` the largest
-    :math:`k` with :math:`1 + k z_{(k)} > \sum_{l \le k} z_{(l)}` :cite:`martins2016softmax`.
-    Entries below the threshold get exactly 0. The backward pass is the closed-form
-    Jacobian :math:`\operatorname{diag}(s) - s s^\top / |S|` (``s`` the support indicator).
-    The row's maximum is subtracted first (the map is invariant to it), so large logits
-    keep their precision; half-precision inputs are computed in float32.
-    ``-inf`` entries get 0; a row containing NaN or ``+inf``, or only ``-inf``, comes
-    out NaN, as in ``torch.softmax``. A zero-width row (``x.shape[dim] = 0``) gives the
-    empty tensor back, as ``torch.softmax`` does.
+    with :math:`z_{(1)} \ge z_{(2)} \ge \dots` the sorted entries and :math:`K` the
+    largest :math:`k` with :math:`1 + k z_{(k)} > \sum_{l \le k} z_{(l)}`
+    :cite:`martins2016softmax`. Entries below the threshold get exactly 0. The backward
+    pass is the closed-form Jacobian :math:`\operatorname{diag}(s) - s s^\top / |S|`
+    (``s`` the support indicator). The row's maximum is subtracted first (the map is
+    invariant to it), so large logits keep their precision; half-precision inputs are
+    computed in float32. ``-inf`` entries get 0; a row containing NaN or ``+inf``, or
+    only ``-inf``, comes out NaN, as in ``torch.softmax``. A zero-width row
+    (``x.shape[dim] = 0``) gives the empty tensor back, as ``torch.softmax`` does.
 
     Args:
         x: any floating tensor, ``(..., n)`` when ``dim = -1``.
@@ -189,9 +191,9 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     :math:`g = \sqrt{p}`.
 
     Args:
-        x: any floating tensor, ``(..., n)`` when ``dim = -1``; finite entries (use a large
-            negative number, not ``-inf``, for a masked entry). A row with NaN comes
-            out NaN; a zero-width row gives the empty tensor back, as in
+        x: any floating tensor, ``(..., n)`` when ``dim = -1``; finite entries (use a
+            large negative number, not ``-inf``, for a masked entry). A row with NaN
+            comes out NaN; a zero-width row gives the empty tensor back, as in
             ``torch.softmax``.
         dim: the axis that sums to one.
 
@@ -201,7 +203,8 @@ def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     Example:
         >>> import torch
         >>> p = entmax15(torch.tensor([2.0, 1.0, -2.0], dtype=torch.float64))
-        >>> [round(v, 4) for v in p.tolist()]  # sparser than softmax, smoother than sparsemax
+        >>> # sparser than softmax, smoother than sparsemax
+        >>> [round(v, 4) for v in p.tolist()]
         [0.8307, 0.1693, 0.0]
     """
     dim = _check_normalised_input(x, dim)
@@ -248,7 +251,8 @@ def sigmoid_attention(
 
     .. math::
 
-        o_i = \sum_j \sigma(s\, q_i \cdot k_j + b)\, v_j, \qquad b = -\log j \text{ by default}
+        o_i = \sum_j \sigma(s\, q_i \cdot k_j + b)\, v_j,
+        \qquad b = -\log j \text{ by default}
 
     :cite:`ramapuram2024theory`. The weights of a row need not sum to one, and one key's
     weight does not depend on the others' scores. The bias :math:`-\log j` starts the
@@ -289,16 +293,18 @@ def sigmoid_attention(
     return weights @ value  # (..., h, i, e)
 
 
-# ------------------------------------------------------------------ differential attention
+# --------------------------------------------------------------- differential attention
 def differential_lambda_init(layer_index: int) -> float:
-    r"""The Differential Transformer's initial :math:`\lambda` for layer ``layer_index`` (1-based).
+    r"""The Differential Transformer's initial :math:`\lambda` for layer ``layer_index``
+    (1-based).
 
     .. math:: \lambda_\text{init} = 0.8 - 0.6\, e^{-0.3\,(l - 1)}
 
     :cite:`ye2024differential`: 0.2 in the first layer, approaching 0.8 in deep ones.
 
     Example:
-        >>> round(differential_lambda_init(1), 4), round(differential_lambda_init(12), 4)
+        >>> first, deep = differential_lambda_init(1), differential_lambda_init(12)
+        >>> round(first, 4), round(deep, 4)
         (0.2, 0.7779)
     """
     check_int("layer_index", layer_index, minimum=1)
@@ -343,7 +349,8 @@ def differential_attention(
     is_causal: bool = False,
     scale: float | None = None,
 ) -> Tensor:
-    r"""Differential attention: the difference of two softmax maps, applied to one value.
+    r"""Differential attention: the difference of two softmax maps, applied to one
+    value.
 
     .. math::
 
@@ -398,10 +405,11 @@ class DifferentialAttention(nn.Module):
     multiplied by :math:`1 - \lambda_\text{init}`, and the heads are concatenated and
     projected. The learned :math:`\lambda` is re-parametrised as
     :math:`e^{\lambda_{q1} \cdot \lambda_{k1}} - e^{\lambda_{q2} \cdot \lambda_{k2}} +
-    \lambda_\text{init}`, one scalar shared by the layer's heads :cite:`ye2024differential`.
-    The per-head norm has no learned scale, as in Hugging Face's ``DiffLlamaAttention``
-    (which this layer equals, without rotary embeddings, once the heads are re-ordered; the
-    tests check it); a learned scale initialised at one would start out identical.
+    \lambda_\text{init}`, one scalar shared by the layer's heads
+    :cite:`ye2024differential`. The per-head norm has no learned scale, as in Hugging
+    Face's ``DiffLlamaAttention`` (which this layer equals, without rotary embeddings,
+    once the heads are re-ordered; the tests check it); a learned scale initialised at
+    one would start out identical.
 
     Args:
         embed_dim: model size; a multiple of ``2 * num_heads``.
@@ -409,10 +417,10 @@ class DifferentialAttention(nn.Module):
         layer_index: the layer's 1-based depth, for :func:`differential_lambda_init`.
         bias: add biases to the projections.
 
-    ``forward(x, *, attn_mask=None, is_causal=False)`` takes ``x`` of shape ``(b, n,
-    embed_dim)`` and a boolean mask (**True = may attend**) broadcastable to
-    ``(b, h, n, n)``, and returns ``(output (b, n, embed_dim), weights (b, h, n, n))``, the
-    weights being the differential map of each head.
+    ``forward(x, *, attn_mask=None, is_causal=False)`` takes ``x`` of shape
+    ``(b, n, embed_dim)`` and a boolean mask (**True = may attend**) broadcastable to
+    ``(b, h, n, n)``, and returns ``(output (b, n, embed_dim), weights (b, h, n, n))``,
+    the weights being the differential map of each head.
 
     Example:
         >>> import torch
@@ -492,29 +500,31 @@ _MECHANISMS = ("none", "simple", "value", "additive", "stochastic")
 
 
 class RefinedSelfAttention(nn.Module):
-    r"""Single-head causal self-attention whose weights are refined by attending over them.
+    r"""Single-head causal self-attention whose weights are refined by attending over
+    them.
 
     Plain attention gives each query ``i`` a row :math:`A_i` of weights over the keys.
-    Attention-weight refinement :cite:`liu2024pay` treats those rows as features: a second
-    attention, among the queries, compares rows and mixes them, so a query can borrow the
-    weight pattern of queries whose patterns resemble its own (a higher-order relation
-    between positions). With :math:`R` that second, causal, row-stochastic map, the refined
-    weights :math:`RA` are again causal and row-stochastic. The paper names four
-    mechanisms (simple, value-weighted and additive refinement for dot-product
-    self-attention as in SASRec, and a stochastic one for the Wasserstein self-attention of
-    STOSA) and describes them as mapping the attention weights into a new space with
-    learnable matrices and attending there. The equations below are this module's reading
-    of that description, not the paper's own:
+    Attention-weight refinement :cite:`liu2024pay` treats those rows as features: a
+    second attention, among the queries, compares rows and mixes them, so a query can
+    borrow the weight pattern of queries whose patterns resemble its own (a higher-order
+    relation between positions). With :math:`R` that second, causal, row-stochastic map,
+    the refined weights :math:`RA` are again causal and row-stochastic. The paper names
+    four mechanisms (simple, value-weighted and additive refinement for dot-product
+    self-attention as in SASRec, and a stochastic one for the Wasserstein self-attention
+    of STOSA) and describes them as mapping the attention weights into a new space with
+    learnable matrices and attending there. The equations below are this module's
+    reading of that description, not the paper's own:
 
-    * ``"simple"``: :math:`R = \operatorname{softmax}\big((A W_1)(A W_2)^\top/\sqrt r\big)`,
-      weights :math:`RA`;
-    * ``"value"``: the rows compared are the value-weighted rows :math:`AV` (the attention
-      outputs), weights :math:`RA`;
+    * ``"simple"``:
+      :math:`R = \operatorname{softmax}\big((A W_1)(A W_2)^\top/\sqrt r\big)`, weights
+      :math:`RA`;
+    * ``"value"``: the rows compared are the value-weighted rows :math:`AV` (the
+      attention outputs), weights :math:`RA`;
     * ``"additive"``: as ``"simple"``, but the refinement is added to the plain weights,
       :math:`(A + RA)/2`;
-    * ``"stochastic"``: each row is mapped to a diagonal Gaussian (mean :math:`A W_1`, scale
-      :math:`\operatorname{elu}(A W_2) + 1`) and :math:`R` is a softmax of minus the
-      2-Wasserstein distances between them, as in stochastic self-attention;
+    * ``"stochastic"``: each row is mapped to a diagonal Gaussian (mean :math:`A W_1`,
+      scale :math:`\operatorname{elu}(A W_2) + 1`) and :math:`R` is a softmax of minus
+      the 2-Wasserstein distances between them, as in stochastic self-attention;
     * ``"none"``: plain attention, for comparison.
 
     The module is one causal head for position-wise tasks; it does not reproduce the
