@@ -1,10 +1,11 @@
-"""Set-up shared by every chapter notebook, and the one way a chapter reports a comparison.
+"""Set-up shared by every chapter notebook, and the one way a chapter reports a
+comparison.
 
 ``setup_notebook`` fixes seeds, printing, threads and the figure style. ``report_close``
-asserts that two results agree within a stated tolerance and prints that tolerance, never
-the measured rounding error: the last bits of a sum depend on the CPU, the BLAS code path,
-the thread count and flush-to-zero, so a printed ``6.66e-16`` is an accident of one
-machine, while "within 1e-12" is a claim that holds on every machine.
+asserts that two results agree within a stated tolerance and prints that tolerance,
+never the measured rounding error: the last bits of a sum depend on the CPU, the BLAS
+code path, the thread count and flush-to-zero, so a printed ``6.66e-16`` is an accident
+of one machine, while "within 1e-12" is a claim that holds on every machine.
 """
 
 from __future__ import annotations
@@ -62,14 +63,16 @@ def _fmt(x: float) -> str:
 def report_close(
     name: str, actual, expected, *, atol: float, rtol: float = 0.0
 ) -> None:
-    """Assert that ``actual`` and ``expected`` agree within a tolerance, and print the tolerance.
+    """Assert that ``actual`` and ``expected`` agree within a tolerance, and print the
+    tolerance.
 
     Elementwise, ``|actual - expected| <= atol + rtol * |expected|`` must hold, with NaN
     agreeing only with NaN at the same place and infinities only with the same infinity
     (as ``torch.testing.assert_close(..., equal_nan=True)``). What is printed is the
-    bound that was asserted, in one compact line, e.g. ``✓ softmax vs torch: within 1e-12``,
-    so the line is the same on every machine; ``atol=rtol=0`` asserts exact equality and
-    prints "exact" (use it only where exactness holds by construction, not for sums).
+    bound that was asserted, in one compact line, e.g.
+    ``✓ softmax vs torch: within 1e-12``, so the line is the same on every machine;
+    ``atol=rtol=0`` asserts exact equality and prints "exact" (use it only where
+    exactness holds by construction, not for sums).
 
     Args:
         name: what is compared, as the reader should see it.
@@ -145,8 +148,8 @@ def report_close(
         raise AssertionError(
             f"{name}: {int(bad.sum())} of {a.numel()} values differ by more than "
             f"atol={_fmt(atol)} + rtol={_fmt(rtol)}·|expected|; largest difference "
-            f"{float(diff.flatten()[idx]):.3e} at index {where} "
-            f"(actual {float(a.flatten()[idx])!r}, expected {float(e.flatten()[idx])!r})"
+            f"{float(diff.flatten()[idx]):.3e} at index {where} (actual "
+            f"{float(a.flatten()[idx])!r}, expected {float(e.flatten()[idx])!r})"
         )
     if atol == 0 and rtol == 0:
         bound = "exact"
@@ -162,8 +165,8 @@ def report_close(
 def load_benchmark(name: str) -> dict:
     """The saved results of ``benchmarks/<name>.py``, shipped inside the package.
 
-    The benchmark scripts write ``attention/benchmark_results/<name>.json``; reading it as
-    package data means a chapter finds it wherever it runs (a clone, Colab, Binder).
+    The benchmark scripts write ``attention/benchmark_results/<name>.json``; reading it
+    as package data means a chapter finds it wherever it runs (a clone, Colab, Binder).
 
     Args:
         name: the benchmark's name, e.g. ``"tiled"`` for ``benchmarks/tiled.py``.
@@ -173,7 +176,8 @@ def load_benchmark(name: str) -> dict:
 
     Example:
         >>> from attention import load_benchmark
-        >>> "stamp" in load_benchmark("tiled")  # who measured: CPU, threads, torch version
+        >>> # who measured: CPU, threads, torch version
+        >>> "stamp" in load_benchmark("tiled")
         True
     """
     if not isinstance(name, str):
@@ -190,7 +194,8 @@ def load_benchmark(name: str) -> dict:
 
 
 def _load_readings(result: dict) -> tuple[float | None, float | None]:
-    """The 1-minute load average before and after a run, wherever the result keeps it."""
+    """The 1-minute load average before and after a run, wherever the result keeps
+    it."""
     st = result.get("stamp", {})
     if "load_1min_before" in st or "load_1min_after" in st:
         return st.get("load_1min_before"), st.get("load_1min_after")
@@ -203,12 +208,14 @@ def _load_readings(result: dict) -> tuple[float | None, float | None]:
 
 
 def benchmark_machine(result) -> str:
-    """One line naming the machine and conditions of a saved benchmark, for a chapter to print.
+    """One line naming the machine and conditions of a saved benchmark, for a chapter to
+    print.
 
-    Reads the result's ``stamp``: CPU model, cores, threads for time (and for memory when
-    recorded), OpenMP wait policy, torch version, date (and UTC time when recorded) and the
-    1-minute load average before and after the run, with whether it was quiet (load at most
-    the core count). A figure from a benchmark holds for the machine this line names.
+    Reads the result's ``stamp``: CPU model, cores, threads for time (and for memory
+    when recorded), OpenMP wait policy, torch version, date (and UTC time when recorded)
+    and the 1-minute load average before and after the run, with whether it was quiet
+    (load at most the core count). A figure from a benchmark holds for the machine this
+    line names.
 
     Args:
         result: a benchmark's name (as for :func:`load_benchmark`) or its loaded result.
@@ -226,7 +233,8 @@ def benchmark_machine(result) -> str:
         result = load_benchmark(result)
     if not isinstance(result, dict):
         raise TypeError(
-            f"result must be a benchmark name or a loaded result, got {type(result).__name__}"
+            "result must be a benchmark name or a loaded result, "
+            f"got {type(result).__name__}"
         )
     st = result.get("stamp")
     if not isinstance(st, dict):
@@ -255,7 +263,7 @@ def benchmark_machine(result) -> str:
     if before is None and after is None:
         parts.append("load not recorded")
     else:
-        fmt = lambda x: "?" if x is None else f"{x:.2f}"  # noqa: E731
+        fmt = lambda x: "?" if x is None else f"{x:.2f}"
         quiet = result.get("quiet", st.get("quiet"))
         if quiet is None and isinstance(st.get("cores"), int):
             quiet = all(x is None or x <= st["cores"] for x in (before, after))

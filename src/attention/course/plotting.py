@@ -34,8 +34,8 @@ COURSE_STYLE: dict[RcKeyType, Any] = {
     # sharp on high-density screens.
     "figure.dpi": 100,
     "savefig.dpi": 100,
-    # Inline figures are cropped to their content plus this margin; 0.04 in keeps a 7.5 in
-    # figure with constrained layout within the 750 px column.
+    # Inline figures are cropped to their content plus this margin; 0.04 in keeps a
+    # 7.5 in figure with constrained layout within the 750 px column.
     "savefig.pad_inches": 0.04,
     "figure.figsize": (6.0, 4.0),
     # Every default text size in points (matplotlib's own sizes, made absolute), none
@@ -97,7 +97,8 @@ def _as_tensor(weights, name: str) -> Tensor:
     """A tensor with values to draw: a tensor, an array or nested lists of numbers."""
     if weights is None or isinstance(weights, (str, bytes)):
         raise TypeError(
-            f"{name} must be a tensor or an array of numbers, got {type(weights).__name__}"
+            f"{name} must be a tensor or an array of numbers, "
+            f"got {type(weights).__name__}"
         )
     if not isinstance(weights, Tensor):
         try:
@@ -122,11 +123,13 @@ def _check_labels(name: str, labels, n: int) -> None:
         return
     if isinstance(labels, (str, bytes, Tensor)) or not isinstance(labels, Sequence):
         raise TypeError(
-            f"{name} must be a sequence of strings, one per position, got {type(labels).__name__}"
+            f"{name} must be a sequence of strings, one per position, "
+            f"got {type(labels).__name__}"
         )
     if len(labels) != n:
         raise ValueError(
-            f"{name} must have one label per position: {n} positions, got {len(labels)} labels"
+            f"{name} must have one label per position: {n} positions, "
+            f"got {len(labels)} labels"
         )
 
 
@@ -160,10 +163,12 @@ def _aspect(n_rows: int, n_cols: int) -> str:
 
 
 def _cell_inches(ax, n_rows: int, n_cols: int) -> float:
-    """Side of one cell, in inches, as the axes will draw it (an estimate before layout)."""
+    """Side of one cell, in inches, as the axes will draw it (an estimate before
+    layout)."""
     fig_w, fig_h = ax.figure.get_size_inches()
     pos = ax.get_position()
-    # Constrained layout later takes room for labels and colour bars: assume 80 % is left.
+    # Constrained layout later takes room for labels and colour bars: assume 80 % is
+    # left.
     w, h = 0.8 * pos.width * fig_w / n_cols, 0.8 * pos.height * fig_h / n_rows
     return min(w, h) if _aspect(n_rows, n_cols) == "equal" else w
 
@@ -175,7 +180,8 @@ def _label_width_inches(labels: Sequence[str], fontsize: float) -> float:
 def _set_ticks(
     ax, n: int, labels: Sequence[str] | None, axis: str, cell: float
 ) -> None:
-    """Ticks on one axis of a matrix: integers, all of them up to MAX_TICKS, then thinned.
+    """Ticks on one axis of a matrix: integers, all of them up to MAX_TICKS, then
+    thinned.
 
     Key (x) labels are rotated only when the widest would overlap its neighbour.
     """
@@ -210,8 +216,9 @@ def _set_ticks(
 def _annotate(ax, im, w: Tensor, cell: float) -> None:
     """Print each value (2 decimals) in its cell, sized to the cell; skip if unreadable.
 
-    The text is black on light cells and white on dark ones, judged by the luminance of the
-    cell's colour, so it stays readable on sequential and diverging colour maps alike.
+    The text is black on light cells and white on dark ones, judged by the luminance of
+    the cell's colour, so it stays readable on sequential and diverging colour maps
+    alike.
     """
     fontsize = min(10.0, 0.36 * cell * 72)  # "0.00" is about 2.4 font sizes wide
     if max(w.shape) > _ANNOTATE_MAX or fontsize < _ANNOTATE_MIN_FONT:
@@ -269,7 +276,8 @@ def _matrix_panel(
 
 
 def _matrix_figsize(n_rows: int, n_cols: int, *, extra_w: float, extra_h: float):
-    """Size of a figure holding one matrix: square cells of capped size, within the column."""
+    """Size of a figure holding one matrix: square cells of capped size, within the
+    column."""
     cell = min(_MAX_CELL, _MATRIX_WIDTH / n_cols, _MATRIX_HEIGHT / n_rows)
     if _aspect(n_rows, n_cols) == "auto":  # an elongated matrix: fill a readable strip
         return (
@@ -298,21 +306,21 @@ def plot_attention(
 ):
     """Heatmap of an ``(i, j)`` weight matrix: rows are queries, columns keys.
 
-    Cells are square and capped in size, so a 64 x 64 matrix fits the column as well as a
-    3 x 3 one; ticks are thinned beyond 16 rows or columns; key labels are rotated only
-    where they would overlap.
+    Cells are square and capped in size, so a 64 x 64 matrix fits the column as well as
+    a 3 x 3 one; ticks are thinned beyond 16 rows or columns; key labels are rotated
+    only where they would overlap.
 
     Args:
         weights: ``(i, j)`` tensor.
         query_labels / key_labels: token strings for the axes (``i`` and ``j`` of them).
         ax: axes to draw on (a new figure within the column if None).
-        annotate: print each value (2 decimals) in its cell, in a font sized to the cell;
-            matrices over 12 rows or columns, or with cells too small to read, are not
-            annotated.
+        annotate: print each value (2 decimals) in its cell, in a font sized to the
+            cell; matrices over 12 rows or columns, or with cells too small to read, are
+            not annotated.
         colorbar: add a colour bar labelled ``cbar_label``.
-        vmin, vmax: colour range. By default 0-1 when the values lie in [0, 1] (attention
-            weights, so figures are comparable), else the data's own range; pass both
-            when several heatmaps are compared, or use :func:`plot_grid`.
+        vmin, vmax: colour range. By default 0-1 when the values lie in [0, 1]
+            (attention weights, so figures are comparable), else the data's own range;
+            pass both when several heatmaps are compared, or use :func:`plot_grid`.
         cmap: matplotlib colour map (the style's viridis if None).
 
     Returns:
@@ -382,7 +390,8 @@ def _mask_panel(ax, m: Tensor, *, title, query_labels=None, key_labels=None):
 
 
 def plot_mask(mask: Tensor, *, ax=None, title: str = "Mask (True = may attend)"):
-    """Draw a boolean ``(i, j)`` mask: dark = may attend (True), light = blocked (False).
+    """Draw a boolean ``(i, j)`` mask: dark = may attend (True), light = blocked
+    (False).
 
     The mask follows the package convention, True = may attend, as in
     ``torch.nn.functional.scaled_dot_product_attention``. Cells are square and capped in
@@ -429,13 +438,14 @@ def plot_grid(
     cmap: str | None = None,
     cbar_label: str = "weight",
 ):
-    """Several ``(i, j)`` matrices side by side, to be compared: one scale, one colour bar.
+    """Several ``(i, j)`` matrices side by side, to be compared: one scale, one colour
+    bar.
 
-    Every panel has square cells of one size, so a row of panels lines up row for row
-    (a matrix of 3 rows beside one of 8 is drawn 3/8 as tall, not stretched), and at most
-    three panels share a row. Heatmaps share one colour range (0-1 for weights by default)
-    and one colour bar; masks (``mask=True``, boolean, True = may attend, drawn dark) need
-    no colour bar.
+    Every panel has square cells of one size, so a row of panels lines up row for row (a
+    matrix of 3 rows beside one of 8 is drawn 3/8 as tall, not stretched), and at most
+    three panels share a row. Heatmaps share one colour range (0-1 for weights by
+    default) and one colour bar; masks (``mask=True``, boolean, True = may attend, drawn
+    dark) need no colour bar.
 
     Args:
         matrices: a list or tuple of ``(i, j)`` tensors (shapes may differ), or an
@@ -446,7 +456,8 @@ def plot_grid(
         ncols: panels per row (at most 3).
         title: a title over the whole figure.
         annotate: print the values in small heatmaps (see :func:`plot_attention`).
-        vmin, vmax, cmap, cbar_label: the shared colour scale and its colour bar's label.
+        vmin, vmax, cmap, cbar_label: the shared colour scale and its colour bar's
+            label.
 
     Returns:
         The matplotlib figure.
@@ -461,7 +472,8 @@ def plot_grid(
     if isinstance(matrices, Tensor):
         if matrices.dim() != 3:
             raise ValueError(
-                f"a tensor of matrices must be (h, i, j), got shape {tuple(matrices.shape)}"
+                "a tensor of matrices must be (h, i, j), "
+                f"got shape {tuple(matrices.shape)}"
             )
         matrices = list(matrices)
     if not isinstance(matrices, (list, tuple)):
@@ -565,7 +577,8 @@ def plot_heads(
     title: str = "Attention weights per head",
     head_names: Sequence[str] | None = None,
 ):
-    """A grid of heatmaps, one per head, for ``(h, i, j)`` weights, on one 0-1 colour scale.
+    """A grid of heatmaps, one per head, for ``(h, i, j)`` weights, on one 0-1 colour
+    scale.
 
     At most three heads per row, one colour bar for all (see :func:`plot_grid`).
 
@@ -595,11 +608,13 @@ def plot_heads(
             head_names, Sequence
         ):
             raise TypeError(
-                f"head_names must be a sequence of strings, got {type(head_names).__name__}"
+                "head_names must be a sequence of strings, "
+                f"got {type(head_names).__name__}"
             )
         if len(head_names) != h:
             raise ValueError(
-                f"head_names must have one name per head: {h} heads, got {len(head_names)} names"
+                f"head_names must have one name per head: {h} heads, "
+                f"got {len(head_names)} names"
             )
     _check_labels("query_labels", query_labels, weights.shape[1])
     _check_labels("key_labels", key_labels, weights.shape[2])
