@@ -74,8 +74,8 @@ def permutation_equivariance():
     A seeded ``SelfAttention`` head runs on three tokens in their order and in a new
     order ``P X``. The weights of the reordered tokens are ``P A P^T`` (the same
     numbers, rows and columns moved) and their outputs ``P Z`` (the same rows, moved):
-    each token's output does not depend on where it stands. All numbers are the head's own
-    results (its weights with ``need_weights=True``).
+    each token's output does not depend on where it stands. All numbers are the head's
+    own results (its weights with ``need_weights=True``).
 
     Returns:
         The Figure.
@@ -508,7 +508,7 @@ def kv_cache_growth():
                 va="bottom",
             )
     # one colour bar for the three rows of weights, right of them
-    cax = ax.inset_axes([6.6, 1.0, 0.1, 2.3], transform=ax.transData)
+    cax = ax.inset_axes((6.6, 1.0, 0.1, 2.3), transform=ax.transData)
     bar = fig.colorbar(
         plt.cm.ScalarMappable(norm=Normalize(0, 1), cmap=draw.WEIGHT_CMAP), cax=cax
     )
