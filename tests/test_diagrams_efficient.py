@@ -46,6 +46,52 @@ def rgba(colour) -> tuple:
     return tuple(to_rgba(colour))
 
 
+# --------------------------------------------------------------------------- chapter 10
+
+
+def test_two_orders_prints_the_multiply_adds_of_each_order():
+    n, d, e = 4096, 64, 64
+    fig = efficient.two_orders(n, d, e)
+    texts = by_gid(fig, Text)
+    counts = {}
+    for order in ("(QKᵀ)V", "Q(KᵀV)"):
+        number = texts[f"cost:{order}"].get_text().rsplit(": ", 1)[1]
+        counts[order] = int(number.split()[0].replace(",", ""))
+    assert counts["(QKᵀ)V"] == n * n * d + n * n * e  # QK^T, then (QK^T) V
+    assert counts["Q(KᵀV)"] == d * n * e + n * d * e  # K^T V, then Q (K^T V)
+    cells = by_gid(fig, Rectangle)
+
+    def grid(prefix):  # (rows, cols) of the cells drawn for one matrix
+        keys = [g[len(prefix) :] for g in cells if g.startswith(prefix + "[")]
+        pairs = [tuple(int(x) for x in key.strip("[]").split(",")) for key in keys]
+        return max(r for r, _ in pairs) + 1, max(c for _, c in pairs) + 1
+
+    assert grid("(QKᵀ)V:QKᵀ:2") == (8, 8)  # n x n, drawn for n = 8
+    assert grid("Q(KᵀV):KᵀV:2") == (2, 2)  # d x e, drawn for d = e = 2
+    assert grid("Q(KᵀV):O:6") == grid("(QKᵀ)V:O:4") == (8, 2)
+
+
+def test_chunkwise_form_colours_each_pair_by_the_part_that_computes_it():
+    n, chunk = 12, 4
+    fig = efficient.chunkwise_form(n, chunk)
+    cells = by_gid(fig, Rectangle)
+    colours = {
+        "tile": rgba(_draw.tint(_draw.ROLE["weight"], 0.75)),
+        "state": rgba(_draw.tint(_draw.ROLE["key"], 0.75)),
+        "hidden": rgba(_draw.BLOCKED),
+    }
+    for i in range(n):
+        for j in range(n):
+            if j > i:
+                part = "hidden"
+            elif i // chunk == j // chunk:
+                part = "tile"
+            else:
+                part = "state"
+            shown = tuple(cells[f"pairs[{i},{j}]"].get_facecolor())
+            assert shown == colours[part], (i, j, part)
+
+
 # --------------------------------------------------------------------------- chapter 13
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 from matplotlib.patches import Rectangle
+from torch.utils.flop_counter import FlopCounterMode
 
 from ...efficient.learned_sparse import moba_attention, native_sparse_attention
 from ...efficient.patterns import (
@@ -25,9 +26,276 @@ from ...efficient.patterns import (
     global_tokens_mask,
     sliding_window_mask,
 )
+from ...foundations.masks import causal_mask
 from . import _draw as draw
 
-__all__ = ["keys_a_query_sees", "block_selection", "nsa_branches"]
+__all__ = [
+    "two_orders",
+    "chunkwise_form",
+    "keys_a_query_sees",
+    "block_selection",
+    "nsa_branches",
+]
+
+# --------------------------------------------------------------------------- chapter 10
+
+
+def _shape(*sizes) -> str:
+    return "(" + ", ".join(str(s) for s in sizes) + ")"
+
+
+def product_costs(n: int, d: int, e: int) -> dict[str, int]:
+    """Multiply-adds of the two orders of :math:`Q K^\\top V`, counted by torch.
+
+    ``Q``, ``K`` ``(n, d)`` and ``V`` ``(n, e)`` are meta tensors (shapes, no data), so
+    the count costs nothing at any ``n``; ``torch.utils.flop_counter.FlopCounterMode``
+    counts two floating-point operations per multiply-add.
+
+    Returns:
+        ``{"(QK^T)V": ..., "Q(K^TV)": ...}``, multiply-adds.
+    """
+    q, k = (torch.empty(n, d, device="meta") for _ in range(2))
+    v = torch.empty(n, e, device="meta")
+    costs = {}
+    for name, product in (
+        ("(QK^T)V", lambda: (q @ k.T) @ v),
+        ("Q(K^TV)", lambda: q @ (k.T @ v)),
+    ):
+        with FlopCounterMode(display=False) as counter:
+            product()
+        costs[name] = counter.get_total_flops() // 2
+    return costs
+
+
+def _times(ax, x: float, y: float, symbol: str = "×") -> None:
+    draw.label(ax, (x, y), symbol, size=draw.TITLE, colour=draw.MUTED)
+
+
+def two_orders(n: int = 4096, d: int = 64, e: int = 64):
+    """The two orders of one product, :math:`(QK^\\top)V = Q(K^\\top V)`.
+
+    Top: the ``(n, n)`` matrix :math:`QK^\\top` first, then its product with ``V``.
+    Bottom: the ``(d, e)`` matrix :math:`K^\\top V` first, then ``Q`` times it. The
+    grids are drawn for ``n = 8``, ``d = e = 2`` (the shapes of seeded tensors
+    multiplied by torch); the multiply-adds under each row are counted by
+    :func:`product_costs` for the ``n``, ``d``, ``e`` given (``cost:<order>``).
+
+    Returns:
+        The Figure.
+    """
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(8, 2, generator=g) for _ in range(2))
+    v = torch.randn(8, 2, generator=g)
+    scores, state = q @ k.T, k.T @ v  # (8, 8) and (2, 2): the two intermediates
+    costs = product_costs(n, d, e)
+
+    fig, ax = draw.canvas(7.2, 5.0, "Two orders of one product: (QKᵀ)V = Q(KᵀV)")
+    cell = 0.15
+    roles = {
+        "Q": draw.ROLE["query"],
+        "Kᵀ": draw.ROLE["key"],
+        "V": draw.ROLE["value"],
+        "QKᵀ": draw.ROLE["weight"],
+        "KᵀV": draw.ROLE["weight"],
+        "O": draw.ROLE["input"],
+    }
+    shapes = {
+        "Q": ("n", "d"),
+        "Kᵀ": ("d", "n"),
+        "V": ("n", "e"),
+        "QKᵀ": ("n", "n"),
+        "KᵀV": ("d", "e"),
+        "O": ("n", "e"),
+    }
+    sizes = {
+        "Q": q.shape,
+        "Kᵀ": k.T.shape,
+        "V": v.shape,
+        "QKᵀ": scores.shape,
+        "KᵀV": state.shape,
+        "O": (scores @ v).shape,
+    }
+    rows = (
+        (3.4, ["Q", "Kᵀ", "=QKᵀ", "V", "=O"], "(QKᵀ)V"),
+        (1.5, ["Kᵀ", "V", "=KᵀV", "then", "Q", "KᵀV", "=O"], "Q(KᵀV)"),
+    )
+    notes = {
+        "(QKᵀ)V": "first an n × n matrix, which grows as n²: "
+        f"{costs['(QK^T)V']:,} multiply-adds",
+        "Q(KᵀV)": "first a d × e matrix, the same size for any n: "
+        f"{costs['Q(K^TV)']:,} multiply-adds",
+    }
+    for y, names, order in rows:
+        draw.label(ax, (0.25, y), order, ha="left", fontweight="bold")
+        x, first = 1.35, True
+        for r, name in enumerate(names):
+            if name == "then":
+                draw.label(ax, (x + 0.3, y), "then", size=draw.SMALL, colour=draw.MUTED)
+                x, first = x + 0.6, True
+                continue
+            equal = name.startswith("=")
+            name = name.lstrip("=")
+            if not first:
+                _times(ax, x + 0.06, y, "=" if equal else "×")
+                x += 0.32
+            first = False
+            rows_, cols = sizes[name]
+            bounds = draw.matrix(
+                ax,
+                (x + cols * cell / 2, y),
+                rows_,
+                cols,
+                cell=cell,
+                name=name,
+                shape=_shape(*shapes[name]),
+                colour=roles[name],
+                gid=f"{order}:{name}:{r}",
+            )
+            x = bounds.right + 0.08
+        text = draw.label(
+            ax,
+            (0.25, y - 0.95),
+            notes[order],
+            size=draw.SMALL,
+            ha="left",
+            colour=draw.MUTED,
+        )
+        text.set_gid(f"cost:{order}")
+    draw.label(
+        ax,
+        (0.25, 0.22),
+        f"multiply-adds counted by torch for n = {n:,}, d = {d}, e = {e}",
+        size=draw.SMALL,
+        ha="left",
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def chunk_parts(n: int = 12, chunk: int = 4) -> torch.Tensor:
+    """``(n, n)`` long: 0 a pair the causal mask hides, 1 a pair inside a chunk's tile,
+    2 a pair reached through the state of the earlier chunks.
+
+    Computed from the package's :func:`~attention.causal_mask` (True = may attend) and
+    the chunk of each position, ``position // chunk``.
+    """
+    allowed = causal_mask(n)
+    block = torch.arange(n) // chunk
+    same = block[:, None] == block[None, :]
+    return torch.where(allowed, torch.where(same, 1, 2), 0)
+
+
+def chunkwise_form(n: int = 12, chunk: int = 4):
+    """The chunked causal form: quadratic inside a chunk, a state between chunks.
+
+    Left, the ``(n, n)`` query-key pairs of :func:`chunk_parts` (``pairs[i,j]``): the
+    diagonal tiles are computed as small masked quadratic products, the pairs below
+    them through the state. Right, chunk after chunk: each reads the state its
+    predecessors wrote, then adds its own keys and values to it.
+
+    Returns:
+        The Figure.
+    """
+    parts = chunk_parts(n, chunk)
+    colours = {0: draw.BLOCKED, 1: draw.ROLE["weight"], 2: draw.ROLE["key"]}
+    fig, ax = draw.canvas(7.2, 4.75, "The chunked form: tiles inside, a state between")
+    cell = 0.22
+    grid = draw.matrix(
+        ax,
+        (1.6, 2.68),
+        n,
+        n,
+        cell=cell,
+        fills=[
+            [draw.tint(colours[int(p)], 0.75 if p else 1) for p in r] for r in parts
+        ],
+        colour=draw.INK,
+        gid="pairs",
+    )
+    for m in range(1, n // chunk):  # chunk borders
+        x = grid.left + m * chunk * cell
+        y = grid.top - m * chunk * cell
+        ax.plot([x, x], [grid.bottom, grid.top], color=draw.INK, lw=1.4)
+        ax.plot([grid.left, grid.right], [y, y], color=draw.INK, lw=1.4)
+    draw.label(
+        ax,
+        (grid.centre[0], grid.top + 0.12),
+        "key position j →",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="bottom",
+    )
+    draw.label(
+        ax,
+        (grid.left - 0.16, grid.centre[1]),
+        "query position i →",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        rotation=270,
+    )
+    draw.legend(
+        ax,
+        (grid.left, grid.bottom - 0.25),
+        [
+            (draw.tint(colours[1], 0.75), "inside a chunk: a masked tile"),
+            (draw.tint(colours[2], 0.75), "earlier chunks: through the state"),
+            (draw.BLOCKED, "future keys: never seen"),
+        ],
+        step=0.26,
+    )
+    # chunk after chunk, on the right, level with each chunk's rows
+    x_box = 5.05
+    for m in range(n // chunk):
+        y = grid.top - (m + 0.5) * chunk * cell
+        box = draw.box(
+            ax,
+            (x_box, y),
+            f"chunk {m}: tile + φ(Q{_SUB[m]}) S{_SUB[m]}",
+            width=2.5,
+            colour=draw.ROLE["weight"],
+            size=draw.SMALL,
+        )
+        ax.plot(
+            [grid.right + 0.05, box.left - 0.05],
+            [y, y],
+            color=draw.GRID,
+            lw=0.8,
+            ls=":",
+        )
+        if m + 1 < n // chunk:
+            below = y - chunk * cell
+            draw.arrow(
+                ax,
+                (x_box, box.bottom),
+                (x_box, below + 0.19),
+                colour=draw.ROLE["key"],
+            )
+            text = (
+                f"S{_SUB[m + 1]} = S{_SUB[m]} + φ(K{_SUB[m]})ᵀ V{_SUB[m]}"
+                if m
+                else "S₁ = φ(K₀)ᵀ V₀   (S₀ = 0)"
+            )
+            draw.label(
+                ax,
+                (x_box + 0.1, (box.bottom + below + 0.19) / 2),
+                text,
+                size=draw.SMALL,
+                colour=draw.ROLE["key"],
+                ha="left",
+            )
+    draw.label(
+        ax,
+        (x_box, grid.bottom - 0.3),
+        f"n = {n}, chunks of c = {chunk}:\n{n // chunk} sequential steps instead of {n}",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    return fig
+
+
+_SUB = "₀₁₂₃₄₅₆₇₈₉"
+
 
 # --------------------------------------------------------------------------- chapter 13
 
