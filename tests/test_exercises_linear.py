@@ -1,4 +1,4 @@
-"""Chapters 10 and 11's checkers accept what their exercises allow, and nothing more.
+"""Chapter 10's checkers accept what their exercises allow, and nothing more.
 
 The linear-attention exercises say that adding eps = 1e-6 to the denominator is
 optional: a solution without it passes as well (tests/test_exercises.py tries each
