@@ -92,6 +92,70 @@ def test_chunkwise_form_colours_each_pair_by_the_part_that_computes_it():
             assert shown == colours[part], (i, j, part)
 
 
+# --------------------------------------------------------------------------- chapter 11
+
+
+def grid_numbers(fig, gid: str, rows: int, cols: int) -> torch.Tensor:
+    """The numbers printed in the cells ``gid[r,c]`` of a grid, as a tensor."""
+    texts = by_gid(fig, Text)
+    return torch.tensor(
+        [
+            [float(texts[f"{gid}[{r},{c}]"].get_text()) for c in range(cols)]
+            for r in range(rows)
+        ],
+        dtype=torch.float64,
+    )
+
+
+def test_memory_write_read_sums_the_outer_products_and_reads_the_value_back():
+    fig = efficient.memory_write_read(read=1)
+    keys, values = efficient.memory_example()
+    d, e = keys.shape[1], values.shape[1]
+    total = torch.zeros(d, e, dtype=torch.float64)
+    for j in range(len(keys)):  # the sum written out, one pair at a time
+        outer = torch.tensor(
+            [[float(keys[j, a] * values[j, b]) for b in range(e)] for a in range(d)],
+            dtype=torch.float64,
+        )
+        assert torch.equal(grid_numbers(fig, f"write[{j}]", d, e), outer)
+        total += outer
+    assert torch.equal(grid_numbers(fig, "S", d, e), total)  # one decimal: exact here
+    assert torch.equal(grid_numbers(fig, "read", 1, e)[0], values[1])
+    dots = by_gid(fig, Text)["dots"].get_text()
+    assert "0·v₁ + 1·v₂ + 0·v₃" in dots  # orthonormal keys: only k2 . q = 1
+
+
+def test_chunkwise_delta_prints_the_corrections_of_the_recurrence():
+    fig = efficient.chunkwise_delta()
+    q, k, v, beta, c = efficient.chunk_example()
+    d, e = k.shape[1], v.shape[1]
+    # the recurrence, token by token: u_t = beta_t (v_t - S^T k_t), S += k_t u_t^T
+    S = torch.zeros(d, e, dtype=torch.float64)
+    corrections = []
+    for t in range(2 * c):
+        u = beta[t] * (v[t] - k[t] @ S)
+        corrections.append(u)
+        S = S + torch.outer(k[t], u)
+    second = torch.stack(corrections[c:])  # the drawn chunk is the second one
+    shown = grid_numbers(fig, "U", c, e)
+    assert (shown - second).abs().max() <= 0.005 + 1e-12  # printed to 2 decimals
+    texts = by_gid(fig, Text)
+    K, b = k[c:], beta[c:]
+    for r in range(c):
+        for s in range(c):
+            if s < r:  # strictly lower: A[r, s] = beta_r k_r . k_s
+                expected = float(b[r] * (K[r] @ K[s]))
+                assert texts[f"A[{r},{s}]"].get_text() == f"{expected:.2f}"
+            else:
+                assert f"A[{r},{s}]" not in texts
+    pieces = efficient.chunk_pieces()
+    identity = torch.eye(c, dtype=torch.float64)
+    torch.testing.assert_close(
+        (identity + pieces["A"]) @ pieces["U~"], b[:, None] * v[c:]
+    )
+    torch.testing.assert_close(pieces["S'"], S)  # the state after the chunk
+
+
 # --------------------------------------------------------------------------- chapter 13
 
 

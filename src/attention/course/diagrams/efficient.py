@@ -1,12 +1,14 @@
 """Diagrams of the Efficient-attention part (chapters 10-16), one section per chapter.
 
 Each function returns a matplotlib Figure drawn with :mod:`._draw`; a chapter shows it
-in a cell tagged ``diagram`` and ``remove-input``. Every mask, selection and number a
-diagram shows is computed by the package on a tiny seeded example (the pattern builders
-of :mod:`attention.efficient.patterns`, :func:`~attention.moba_attention`,
-:func:`~attention.native_sparse_attention`), so the picture cannot drift from the
-mechanism it shows; each such cell or text carries a ``gid`` naming what it shows
-(``pattern:window[j]``, ``score[c]`` ...) for the tests.
+in a cell tagged ``diagram`` and ``remove-input``. Every mask, selection, state and
+number a diagram shows is computed by the package on a tiny seeded example (the causal
+mask, :func:`~attention.lightning_attention`, :func:`~attention.delta_rule_attention`,
+the pattern builders of :mod:`attention.efficient.patterns`,
+:func:`~attention.moba_attention`, :func:`~attention.native_sparse_attention`) or
+counted by torch (``FlopCounterMode``), so the picture cannot drift from the mechanism
+it shows; each such cell or text carries a ``gid`` naming what it shows
+(``pairs[i,j]``, ``U[r,c]``, ``pattern:window[j]``, ``score[c]`` ...) for the tests.
 
 Shape legend: ``n`` positions, ``t`` the query followed, ``B`` a block size, ``w`` a
 window. Mask convention: boolean, **True = may attend**, as in
@@ -19,7 +21,9 @@ import torch
 from matplotlib.patches import Rectangle
 from torch.utils.flop_counter import FlopCounterMode
 
+from ...efficient.delta_rule import delta_rule_attention
 from ...efficient.learned_sparse import moba_attention, native_sparse_attention
+from ...efficient.linear import lightning_attention
 from ...efficient.patterns import (
     bigbird_mask,
     dilated_mask,
@@ -32,6 +36,8 @@ from . import _draw as draw
 __all__ = [
     "two_orders",
     "chunkwise_form",
+    "memory_write_read",
+    "chunkwise_delta",
     "keys_a_query_sees",
     "block_selection",
     "nsa_branches",
@@ -295,6 +301,377 @@ def chunkwise_form(n: int = 12, chunk: int = 4):
 
 
 _SUB = "₀₁₂₃₄₅₆₇₈₉"
+
+
+# --------------------------------------------------------------------------- chapter 11
+
+
+def memory_example():
+    """The tiny example of :func:`memory_write_read`: ``(keys (3, 4), values (3, 3))``.
+
+    The keys are three rows of a 4 x 4 Hadamard matrix divided by 2: unit length and
+    orthogonal, with entries +-0.5. The values are small integers.
+    """
+    keys = 0.5 * torch.tensor(
+        [[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1]], dtype=torch.float64
+    )
+    values = torch.tensor([[1, 2, 0], [0, -1, 3], [2, 1, 1]], dtype=torch.float64)
+    return keys, values
+
+
+def memory_write_read(read: int = 1):
+    """The state as a memory: written with outer products, read with a query.
+
+    Top: three pairs written as outer products :math:`k_j v_j^\\top` (``write[j]``, the
+    key as a column, the value as a row) and their sum :math:`S` (``S``), the final
+    state of :func:`~attention.lightning_attention` run on the three pairs with no
+    decay and no scale. Bottom: reading with :math:`q = k_{read}`: the dot products
+    :math:`k_j \\cdot q` (``dot[j]``) weight the values, and :math:`S^\\top q`
+    (``read``) returns the value stored under that key.
+
+    Returns:
+        The Figure.
+    """
+    keys, values = memory_example()
+    _, state = lightning_attention(
+        keys[None], keys[None], values[None], scale=1.0, output_final_state=True
+    )
+    S = state[0]  # (d, e)
+    q = keys[read]
+    out = q @ S  # (e,): S^T q
+    dots = keys @ q  # (3,)
+    fig, ax = draw.canvas(7.2, 4.45, "A memory written with kvᵀ and read with q")
+    cell = 0.32
+    key_c, value_c, state_c = draw.ROLE["key"], draw.ROLE["value"], draw.ROLE["weight"]
+    y = 2.7
+    draw.label(ax, (0.2, y), "write", ha="left", fontweight="bold")
+    x = 0.85
+    for j in range(len(keys)):
+        kb = draw.matrix(
+            ax,
+            (x + cell / 2, y),
+            4,
+            1,
+            cell=cell,
+            values=keys[j][:, None],
+            fmt="{:+.1f}",
+            colour=key_c,
+            size=draw.SMALL,
+            gid=f"key[{j}]",
+        )
+        draw.label(
+            ax,
+            (kb.centre[0], kb.bottom - 0.08),
+            f"k{_SUB[j + 1]}",
+            colour=key_c,
+            va="top",
+        )
+        grid = draw.matrix(
+            ax,
+            (kb.right + 0.06 + 1.5 * cell, y),
+            4,
+            3,
+            cell=cell,
+            values=torch.outer(keys[j], values[j]),
+            fmt="{:.1f}",
+            colour=state_c,
+            size=draw.SMALL,
+            gid=f"write[{j}]",
+        )
+        draw.matrix(
+            ax,
+            (grid.centre[0], grid.top + 0.06 + cell / 2),
+            1,
+            3,
+            cell=cell,
+            values=values[j][None],
+            fmt="{:.0f}",
+            colour=value_c,
+            size=draw.SMALL,
+            gid=f"value[{j}]",
+        )
+        draw.label(
+            ax,
+            (grid.centre[0], grid.top + 0.2 + cell),
+            f"v{_SUB[j + 1]}ᵀ",
+            colour=value_c,
+            va="bottom",
+        )
+        draw.label(
+            ax,
+            (grid.centre[0], grid.bottom - 0.08),
+            f"k{_SUB[j + 1]}v{_SUB[j + 1]}ᵀ",
+            colour=draw.MUTED,
+            va="top",
+        )
+        _times(ax, grid.right + 0.18, y, "+" if j < len(keys) - 1 else "=")
+        x = grid.right + 0.36
+    sb = draw.matrix(
+        ax,
+        (x + 1.5 * cell, y),
+        4,
+        3,
+        cell=cell,
+        values=S,
+        fmt="{:.1f}",
+        colour=state_c,
+        size=draw.SMALL,
+        gid="S",
+    )
+    draw.label(
+        ax,
+        (sb.centre[0], sb.top + 0.08),
+        "S",
+        colour=state_c,
+        va="bottom",
+        fontweight="bold",
+    )
+    draw.label(
+        ax,
+        (sb.centre[0], sb.bottom - 0.08),
+        "(d, e)",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    # the read
+    y = 1.0
+    draw.label(ax, (0.2, y), "read", ha="left", fontweight="bold")
+    qb = draw.matrix(
+        ax,
+        (0.85 + cell / 2, y),
+        4,
+        1,
+        cell=cell,
+        values=q[:, None],
+        fmt="{:+.1f}",
+        colour=draw.ROLE["query"],
+        size=draw.SMALL,
+        gid="query",
+    )
+    draw.label(
+        ax,
+        (qb.centre[0], qb.bottom - 0.08),
+        f"q = k{_SUB[read + 1]}",
+        colour=draw.ROLE["query"],
+        va="top",
+    )
+    terms = " + ".join(f"{float(dots[j]):.0f}·v{_SUB[j + 1]}" for j in range(len(keys)))
+    text = draw.label(
+        ax, (qb.right + 0.2, y), f"Sᵀq = Σⱼ (kⱼ · q) vⱼ = {terms} =", ha="left"
+    )
+    text.set_gid("dots")
+    rb = draw.matrix(
+        ax,
+        (4.55 + 1.5 * cell, y),
+        1,
+        3,
+        cell=cell,
+        values=out[None],
+        fmt="{:.1f}",
+        colour=value_c,
+        size=draw.SMALL,
+        gid="read",
+    )
+    draw.label(
+        ax,
+        (rb.centre[0], rb.bottom - 0.08),
+        f"= v{_SUB[read + 1]}ᵀ, exactly:\nthe keys are orthonormal",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    return fig
+
+
+def chunk_example():
+    """The seeded example of :func:`chunkwise_delta`: ``(q, k, v, beta, c)`` for 8
+    positions, ``d = 3``, ``e = 2``, unit keys, chunks of ``c = 4``."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(8, 3, generator=g, dtype=torch.float64)
+    k = torch.nn.functional.normalize(
+        torch.randn(8, 3, generator=g, dtype=torch.float64), dim=-1
+    )
+    v = torch.randn(8, 2, generator=g, dtype=torch.float64)
+    beta = torch.rand(8, generator=g, dtype=torch.float64)
+    return q, k, v, beta, 4
+
+
+def chunk_pieces() -> dict[str, torch.Tensor]:
+    """The pieces of the second chunk of :func:`chunk_example`, as drawn.
+
+    ``S`` is the state after the first chunk (:func:`~attention.delta_rule_attention`'s
+    final state); ``A``, ``W``, ``U~`` come from one unit lower-triangular solve; then
+    ``U = U~ - W S``, the chunk's output ``O`` and the state ``S'`` after it.
+    """
+    q, k, v, beta, c = chunk_example()
+    _, S = delta_rule_attention(
+        q[None, :c],
+        k[None, :c],
+        v[None, :c],
+        beta[None, :c],
+        scale=1.0,
+        output_final_state=True,
+    )
+    S = S[0]
+    Q, K, V, b = q[c:], k[c:], v[c:], beta[c:]
+    A = torch.tril(b[:, None] * (K @ K.T), -1)
+    T = torch.eye(c, dtype=q.dtype) + A
+    W = torch.linalg.solve_triangular(T, b[:, None] * K, upper=False)
+    U_tilde = torch.linalg.solve_triangular(T, b[:, None] * V, upper=False)
+    U = U_tilde - W @ S
+    out = Q @ S + torch.tril(Q @ K.T) @ U
+    return {"S": S, "A": A, "W": W, "U~": U_tilde, "U": U, "O": out, "S'": S + K.T @ U}
+
+
+def chunkwise_delta():
+    """One chunk of the chunkwise delta rule (the WY/UT form), with its numbers.
+
+    Top band, for every chunk at once (no state needed): the strictly lower
+    ``(c, c)`` matrix ``A`` (``A[r,s]``) and one triangular solve for ``W`` and
+    :math:`\\tilde U`. Bottom band, chunk after chunk: the corrections
+    :math:`U = \\tilde U - W S` (``U[r,j]``), the output and the next state. The numbers
+    are those of :func:`chunk_pieces` (the second chunk of :func:`chunk_example`).
+
+    Returns:
+        The Figure.
+    """
+    p = chunk_pieces()
+    c = p["A"].shape[0]
+    fig, ax = draw.canvas(7.3, 5.6, "The chunkwise delta rule: one triangular solve")
+    cell = 0.38
+    weight, value, key = draw.ROLE["weight"], draw.ROLE["value"], draw.ROLE["key"]
+    small = {"size": draw.SMALL, "colour": draw.MUTED}
+    # 1. every chunk at once: A, then one solve for U~ and W
+    draw.label(ax, (0.2, 4.95), "1. every chunk at once", ha="left", fontweight="bold")
+    y1 = 3.7
+    lower = [[weight if s_ < r else draw.BLOCKED for s_ in range(c)] for r in range(c)]
+    fills = [[draw.tint(f, 0.3) if f == weight else f for f in row] for row in lower]
+    ab = draw.matrix(
+        ax, (1.15, y1), c, c, cell=cell, fills=fills, colour=weight, name="A"
+    )
+    for r in range(c):
+        for s_ in range(r):
+            t = draw.label(
+                ax,
+                (ab.left + (s_ + 0.5) * cell, draw.row_centre(ab, r, cell)),
+                f"{float(p['A'][r, s_]):.2f}",
+                size=8,
+            )
+            t.set_gid(f"A[{r},{s_}]")
+    draw.label(
+        ax,
+        (ab.centre[0], ab.bottom - 0.08),
+        "tril(diag(β) K Kᵀ, −1)",
+        va="top",
+        **small,
+    )
+    solve = draw.box(
+        ax,
+        (3.3, y1),
+        "solve (I + A) [Ũ  W]\n= diag(β) [V  K]",
+        width=1.95,
+        colour=weight,
+        size=draw.SMALL,
+    )
+    draw.arrow(ax, ab.east, solve.west)
+    ub = draw.matrix(
+        ax,
+        (5.0, y1),
+        c,
+        2,
+        cell=cell,
+        values=p["U~"],
+        fmt="{:.2f}",
+        colour=value,
+        size=8,
+        gid="U~",
+        name="Ũ",
+        shape="(c, e)",
+    )
+    wb = draw.matrix(
+        ax,
+        (6.45, y1),
+        c,
+        3,
+        cell=cell,
+        values=p["W"],
+        fmt="{:.2f}",
+        colour=key,
+        size=8,
+        gid="W",
+        name="W",
+        shape="(c, d)",
+    )
+    draw.arrow(ax, solve.east, ub.west)
+    # 2. chunk after chunk: the corrections, the output, the state
+    draw.label(ax, (0.2, 2.45), "2. chunk after chunk", ha="left", fontweight="bold")
+    y2 = 1.75
+    sb = draw.matrix(
+        ax,
+        (3.3, y2),
+        3,
+        2,
+        cell=cell,
+        values=p["S"],
+        fmt="{:.2f}",
+        colour=weight,
+        size=8,
+        gid="S",
+        shape="(d, e)",
+    )
+    draw.label(
+        ax,
+        (sb.left - 0.1, sb.centre[1]),
+        "S, as the\nchunk enters",
+        ha="right",
+        colour=weight,
+    )
+    corr = draw.box(ax, (5.0, y2), "U = Ũ − W S", colour=value, size=draw.SMALL)
+    draw.arrow(ax, sb.east, corr.west)
+    draw.arrow(ax, (ub.centre[0], ub.bottom - 0.3), corr.north)
+    draw.arrow(ax, (wb.centre[0] - 0.3, wb.bottom - 0.3), (corr.right - 0.1, corr.top))
+    cb = draw.matrix(
+        ax,
+        (6.45, y2),
+        c,
+        2,
+        cell=cell,
+        values=p["U"],
+        fmt="{:.2f}",
+        colour=value,
+        size=8,
+        gid="U",
+        shape="(c, e)",
+    )
+    draw.label(
+        ax,
+        (cb.right + 0.08, cb.centre[1]),
+        "U",
+        colour=value,
+        ha="left",
+        fontweight="bold",
+    )
+    draw.arrow(ax, corr.east, cb.west)
+    out = draw.box(
+        ax,
+        (2.9, 0.45),
+        "O = Q S + tril(Q Kᵀ) U",
+        colour=draw.ROLE["query"],
+        size=draw.SMALL,
+        width=2.2,
+    )
+    nxt = draw.box(
+        ax,
+        (6.05, 0.45),
+        "next chunk's S = S + Kᵀ U",
+        colour=weight,
+        size=draw.SMALL,
+        width=2.3,
+    )
+    draw.arrow(ax, (cb.left + 0.05, cb.bottom + 0.05), out.east)
+    draw.arrow(ax, (cb.centre[0], cb.bottom - 0.28), (cb.centre[0], nxt.top))
+    return fig
 
 
 # --------------------------------------------------------------------------- chapter 13
