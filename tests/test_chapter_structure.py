@@ -52,7 +52,6 @@ NOT_YET_CONVERTED = {
     "07_position",
     "08_cross_attention",
     "09_scoring_alignment",
-    "11_associative_memory",
     "12_sparse_attention",
     "12_gated_memory",
     "13_memory_efficient",
