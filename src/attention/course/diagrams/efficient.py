@@ -21,6 +21,7 @@ import torch
 from matplotlib.patches import Rectangle
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..._core import tril_mask
 from ...efficient.delta_rule import delta_rule_attention
 from ...efficient.learned_sparse import moba_attention, native_sparse_attention
 from ...efficient.linear import lightning_attention
@@ -515,12 +516,12 @@ def chunk_pieces() -> dict[str, torch.Tensor]:
     )
     S = S[0]
     Q, K, V, b = q[c:], k[c:], v[c:], beta[c:]
-    A = torch.tril(b[:, None] * (K @ K.T), -1)
+    A = torch.where(tril_mask(c, c, offset=-1), b[:, None] * (K @ K.T), 0.0)
     T = torch.eye(c, dtype=q.dtype) + A
     W = torch.linalg.solve_triangular(T, b[:, None] * K, upper=False)
     U_tilde = torch.linalg.solve_triangular(T, b[:, None] * V, upper=False)
     U = U_tilde - W @ S
-    out = Q @ S + torch.tril(Q @ K.T) @ U
+    out = Q @ S + torch.where(tril_mask(c, c), Q @ K.T, 0.0) @ U
     return {"S": S, "A": A, "W": W, "U~": U_tilde, "U": U, "O": out, "S'": S + K.T @ U}
 
 
