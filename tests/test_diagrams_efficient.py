@@ -49,6 +49,7 @@ def rgba(colour) -> tuple:
 # --------------------------------------------------------------------------- chapter 10
 
 
+@pytest.mark.slow  # draws some 150 to 200 cells: make test, not make check
 def test_two_orders_prints_the_multiply_adds_of_each_order():
     n, d, e = 4096, 64, 64
     fig = efficient.two_orders(n, d, e)
@@ -71,6 +72,7 @@ def test_two_orders_prints_the_multiply_adds_of_each_order():
     assert grid("Q(KᵀV):O:6") == grid("(QKᵀ)V:O:4") == (8, 2)
 
 
+@pytest.mark.slow  # draws some 150 to 200 cells: make test, not make check
 def test_chunkwise_form_colours_each_pair_by_the_part_that_computes_it():
     n, chunk = 12, 4
     fig = efficient.chunkwise_form(n, chunk)
