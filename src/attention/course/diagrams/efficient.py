@@ -6,8 +6,8 @@ number a diagram shows is computed by the package on a tiny seeded example (the 
 mask, :func:`~attention.lightning_attention`, :func:`~attention.delta_rule_attention`,
 the pattern builders of :mod:`attention.efficient.patterns`,
 :func:`~attention.moba_attention`, :func:`~attention.native_sparse_attention`) or
-counted from the shapes of the products it draws, so the picture cannot drift from the mechanism
-it shows; each such cell or text carries a ``gid`` naming what it shows
+counted from the shapes of the products it draws, so the picture cannot drift from the
+mechanism it shows; each such cell or text carries a ``gid`` naming what it shows
 (``pairs[i,j]``, ``U[r,c]``, ``pattern:window[j]``, ``score[c]`` ...) for the tests.
 
 Shape legend: ``n`` positions, ``t`` the query followed, ``B`` a block size, ``w`` a
@@ -294,7 +294,8 @@ def chunkwise_form(n: int = 12, chunk: int = 4):
     draw.label(
         ax,
         (x_box, grid.bottom - 0.3),
-        f"n = {n}, chunks of c = {chunk}:\n{n // chunk} sequential steps instead of {n}",
+        f"n = {n}, chunks of c = {chunk}:\n"
+        f"{n // chunk} sequential steps instead of {n}",
         size=draw.SMALL,
         colour=draw.MUTED,
         va="top",
