@@ -99,6 +99,7 @@ def execute(nb, path: Path, timeout: int | None) -> None:
         timeout=timeout,
         kernel_name=kernel,
         resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,  # no per-cell timestamps in the stored chapter
     ).execute()
 
 

@@ -124,6 +124,19 @@ def test_execute_chapter_runs_a_fresh_kernel_in_the_notebooks_folder(tmp_path):
     streams = {o["name"]: o["text"] for o in cells[0].outputs}
     assert streams == {"stderr": "100%\n", "stdout": "trained\n"}
     assert [o["text"] for o in cells[1].outputs] == ["chapter_folder\n"]
+    assert not any("execution" in c.metadata for c in cells), "timing metadata stored"
+
+
+def test_stored_chapters_hold_no_cell_timing_metadata():
+    """Per-cell timestamps change at every run: a stored chapter would differ on every
+    re-execution for no reason (scripts/execute_chapter.py does not record them)."""
+    timed = [
+        f"{path.name} cell {n}"
+        for path in CHAPTERS
+        for n, cell in enumerate(load(path)["cells"])
+        if "execution" in cell.get("metadata", {})
+    ]
+    assert not timed, timed
 
 
 # --- The stored chapters --------------------------------------------------------------

@@ -101,11 +101,11 @@ def _unscaled_softmax(q, k, v):
 
 def _kernel_cases() -> list[Case]:
     return [
-        Case(name, _qkv(*sizes), also_accept=_linear_no_eps)
-        for name, sizes in (
-            ("3 queries, 5 keys, d = 4, e = 2", (3, 5, 4, 2, 0)),
-            ("6 queries, 6 keys, d = 3, e = 5", (6, 6, 3, 5, 1)),
-            ("large entries (scale 4)", (4, 7, 4, 3, 2, 4.0)),
+        Case(name, _qkv(*sizes, scale=scale), also_accept=_linear_no_eps)
+        for name, sizes, scale in (
+            ("3 queries, 5 keys, d = 4, e = 2", (3, 5, 4, 2, 0), 1.0),
+            ("6 queries, 6 keys, d = 3, e = 5", (6, 6, 3, 5, 1), 1.0),
+            ("large entries (scale 4)", (4, 7, 4, 3, 2), 4.0),
         )
     ]
 
@@ -203,11 +203,11 @@ def _final_normaliser(q, k, v, eps):
 
 def _causal_cases() -> list[Case]:
     return [
-        Case(name, _qkv(n, n, *sizes), also_accept=_causal_no_eps)
-        for name, n, sizes in (
-            ("6 tokens, d = 3, e = 2", 6, (3, 2, 3)),
-            ("10 tokens, d = 4, e = 5", 10, (4, 5, 4)),
-            ("large entries (scale 3)", 8, (4, 3, 5, 3.0)),
+        Case(name, _qkv(n, n, *sizes, scale=scale), also_accept=_causal_no_eps)
+        for name, n, sizes, scale in (
+            ("6 tokens, d = 3, e = 2", 6, (3, 2, 3), 1.0),
+            ("10 tokens, d = 4, e = 5", 10, (4, 5, 4), 1.0),
+            ("large entries (scale 3)", 8, (4, 3, 5), 3.0),
         )
     ]
 
@@ -279,7 +279,9 @@ def _chunked_no_eps(q, k, v, chunk_size):
     return linear_attention(q, k, v, is_causal=True, chunk_size=chunk_size, eps=0.0)
 
 
-def _chunk_loop(q, k, v, chunk_size, eps, *, keep=0, update_first=None):
+def _chunk_loop(
+    q, k, v, chunk_size, eps, *, keep: int | None = 0, update_first: str | None = None
+):
     """The chunked loop with one of its typical faults switched on.
 
     ``keep``: the tile's mask, ``tril(keep)`` (0 correct, -1 the diagonal masked too,

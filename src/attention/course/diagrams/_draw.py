@@ -502,7 +502,9 @@ def row(bounds: Bounds, r: int, cell: float) -> Bounds:
     return Bounds(bounds.left, bounds.top - (r + 1) * cell, bounds.width, cell)
 
 
-def legend(ax, xy, items: Sequence[tuple[str, str]], *, step: float = 0.3) -> Bounds:
+def legend(
+    ax, xy, items: Sequence[tuple[str | tuple[float, ...], str]], *, step: float = 0.3
+) -> Bounds:
     """Swatches with their meaning, one per line from ``xy`` (top-left) down.
 
     ``items`` are ``(colour, text)`` pairs, e.g. ``(MAY_ATTEND, "True: may attend")``.
