@@ -220,3 +220,40 @@ def test_the_primitives_place_what_they_draw_where_they_say():
     assert bars[0].get_position().x0 * 7.2 > h.right  # beside the tile, not over it
     assert _draw.ink_on("#ffffff") == _draw.INK and _draw.ink_on("#000000") == "white"
     assert _draw.tint("#000000", 0.25) == pytest.approx((0.75, 0.75, 0.75))
+
+
+# --------------------------------------------------------------- chapters 1-4 (numbers)
+
+
+def test_vector_alignment_prints_the_three_dot_products():
+    from attention.course.diagrams.foundations import alignment_vectors
+
+    fig = diagrams.vector_alignment()
+    pairs = alignment_vectors()
+    signs = {"aligned": 1, "orthogonal": 0, "opposite": -1}
+    for name, (q, k) in pairs.items():
+        score = float((q * k).sum())  # the sum of products, without the package
+        cos = score / float(q.norm() * k.norm())
+        assert math.isclose(cos, signs[name], abs_tol=1e-6), name
+        shown = printed(fig, f"score:{name}")
+        assert shown == ("q · k = 0" if signs[name] == 0 else f"q · k = {score:+.2f}")
+
+
+def test_score_matrix_prints_every_dot_product_and_the_followed_sum():
+    from attention.course.diagrams.foundations import score_matrix_example
+
+    fig = diagrams.score_matrix(i=1, j=3)
+    q, k = score_matrix_example()
+    for r in range(q.shape[0]):
+        for c in range(k.shape[0]):
+            loop = sum(float(a * b) for a, b in zip(q[r], k[c]))
+            assert printed(fig, f"S[{r},{c}]") == f"{loop:.0f}", (r, c)
+    for r in range(k.shape[1]):
+        for c in range(k.shape[0]):
+            assert printed(fig, f"KT[{r},{c}]") == f"{float(k[c, r]):.0f}"
+    line = printed(fig, "sum")
+    products = re.findall(r"\(?(-?\d)\)?·\(?(-?\d)\)?", line)
+    assert [(int(a), int(b)) for a, b in products] == [
+        (int(a), int(b)) for a, b in zip(q[1], k[3])
+    ]
+    assert line.endswith(f"= {float(q[1] @ k[3]):.0f}")

@@ -15,6 +15,8 @@ and key lengths. Mask convention: boolean, **True = may attend**, as in
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...foundations.masks import causal_mask, padding_mask
@@ -22,10 +24,16 @@ from ...foundations.scaled_dot_product import (
     attention_weights,
     scaled_dot_product_attention,
 )
-from ...layers.scoring import scaled_dot_scores
+from ...layers.scoring import dot_scores, scaled_dot_scores
 from . import _draw as draw
 
-__all__ = ["qkv_projection", "scores_to_output", "mask_broadcast"]
+__all__ = [
+    "vector_alignment",
+    "score_matrix",
+    "qkv_projection",
+    "scores_to_output",
+    "mask_broadcast",
+]
 
 _TOKENS = ("the", "cat", "sat", "down")
 
@@ -331,5 +339,193 @@ def mask_broadcast():
         ax,
         (2.45, 1.2),
         [(draw.MAY_ATTEND, "True: may attend"), (draw.BLOCKED, "False: blocked")],
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 1
+
+
+def alignment_vectors() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The query and the three keys of :func:`vector_alignment`, ``(2,)`` each."""
+    q = torch.tensor([1.0, 0.6])
+    return {
+        "aligned": (q, torch.tensor([1.5, 0.9])),  # 1.5 q: the same direction
+        "orthogonal": (q, torch.tensor([-0.6, 1.0])),  # q rotated by 90 degrees
+        "opposite": (q, torch.tensor([-1.0, -0.6])),  # -q
+    }
+
+
+def vector_alignment():
+    """Aligned, orthogonal and opposite vectors, and the sign of their dot product.
+
+    One query ``q`` and three keys: ``1.5 q`` (aligned, angle 0), ``q`` turned by a
+    right angle (orthogonal) and ``-q`` (opposite). Under each pair its score
+    ``q . k``, computed with ``dot_scores``: positive, zero, negative.
+
+    Returns:
+        The Figure.
+    """
+    from matplotlib.patches import Arc, Rectangle
+
+    pairs = alignment_vectors()
+    notes = {
+        "aligned": ("angle 0°", "positive: k matches q"),
+        "orthogonal": ("angle 90°", "zero: k is unrelated to q"),
+        "opposite": ("angle 180°", "negative: k points away"),
+    }
+    fig, ax = draw.canvas(
+        7.2, 3.3, "A score is a dot product: its sign follows the angle"
+    )
+    unit = 0.62  # inches per unit of length
+    for column, (name, (q, k)) in enumerate(pairs.items()):
+        ox, oy = 1.25 + 2.35 * column, 1.75
+        for end in ((-1.05, 0), (1.05, 0), (0, -0.75), (0, 0.95)):  # faint axes
+            ax.plot(
+                [ox, ox + end[0]], [oy, oy + end[1]], color=draw.GRID, lw=0.6, zorder=-1
+            )
+        angle = float(torch.atan2(q[1], q[0]))
+        if name == "orthogonal":  # a right-angle mark at the origin
+            corner = Rectangle(
+                (ox, oy),
+                0.12,
+                0.12,
+                angle=math.degrees(angle),
+                fill=False,
+                edgecolor=draw.MUTED,
+                lw=1.0,
+            )
+            ax.add_patch(corner)
+        if name == "opposite":  # the half-turn between the two arrows
+            ax.add_patch(
+                Arc(
+                    (ox, oy),
+                    0.5,
+                    0.5,
+                    theta1=math.degrees(angle),
+                    theta2=math.degrees(angle) + 180,
+                    color=draw.MUTED,
+                    lw=1.0,
+                )
+            )
+        for vec, role, side in ((k, "key", -1), (q, "query", 1)):
+            tip = (ox + unit * float(vec[0]), oy + unit * float(vec[1]))
+            draw.arrow(ax, (ox, oy), tip, colour=draw.ROLE[role])
+            # the letter beside the arrow's tip, off its line
+            own = float(torch.atan2(vec[1], vec[0]))
+            normal = (-math.sin(own) * side * 0.16, math.cos(own) * side * 0.16)
+            draw.label(
+                ax,
+                (tip[0] + normal[0], tip[1] + normal[1]),
+                "q" if role == "query" else "k",
+                colour=draw.ROLE[role],
+                fontweight="bold",
+                size=11,
+            )
+        score = float(dot_scores(q[None], k[None])[0, 0])
+        draw.label(ax, (ox, 0.82), f"{name} ({notes[name][0]})", fontweight="bold")
+        text = draw.label(
+            ax, (ox, 0.52), f"q · k = {score:+.2f}" if score else "q · k = 0"
+        )
+        text.set_gid(f"score:{name}")
+        draw.label(ax, (ox, 0.26), notes[name][1], size=draw.SMALL, colour=draw.MUTED)
+    return fig
+
+
+def score_matrix_example() -> tuple[torch.Tensor, torch.Tensor]:
+    """The small whole-number ``Q`` ``(3, 4)`` and ``K`` ``(5, 4)`` of
+    :func:`score_matrix`, seeded."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(-2, 3, (3, 4), generator=g).double()
+    k = torch.randint(-2, 3, (5, 4), generator=g).double()
+    return q, k
+
+
+def score_matrix(i: int = 1, j: int = 3):
+    """``Q K^T`` is the grid of every query-key dot product.
+
+    ``Q`` ``(n, d) = (3, 4)`` holds one query per row, ``K^T`` ``(d, m) = (4, 5)`` one
+    key per column, and entry ``(i, j)`` of ``S = Q K^T`` (``dot_scores``) is the dot
+    product of row ``i`` of ``Q`` with column ``j`` of ``K^T``: the three are outlined,
+    and the sum of products is written out. Whole numbers keep the sum readable.
+
+    Args:
+        i: the query whose score is followed.
+        j: the key.
+
+    Returns:
+        The Figure.
+    """
+    q, k = score_matrix_example()
+    scores = dot_scores(q, k)  # (n, m)
+    n, d = q.shape
+    m = k.shape[0]
+    fig, ax = draw.canvas(7.2, 3.5, "Q Kᵀ: every query against every key at once")
+    cell, mid = 0.32, 1.95
+    qb = draw.matrix(
+        ax,
+        (1.2, mid),
+        n,
+        d,
+        cell=cell,
+        values=q,
+        fmt="{:.0f}",
+        name="Q",
+        shape=f"(n, d) = ({n}, {d})",
+        row_labels=[f"q{r}" for r in range(n)],
+        colour=draw.ROLE["query"],
+        gid="Q",
+    )
+    kb = draw.matrix(
+        ax,
+        (3.35, mid),
+        d,
+        m,
+        cell=cell,
+        values=k.T,
+        fmt="{:.0f}",
+        name="Kᵀ",
+        shape=f"(d, m) = ({d}, {m})",
+        col_labels=[f"k{c}" for c in range(m)],
+        colour=draw.ROLE["key"],
+        gid="KT",
+    )
+    sb = draw.matrix(
+        ax,
+        (5.85, mid),
+        n,
+        m,
+        cell=cell,
+        values=scores,
+        fmt="{:.0f}",
+        name="S = Q Kᵀ",
+        shape=f"(n, m) = ({n}, {m})",
+        row_labels=[f"q{r}" for r in range(n)],
+        col_labels=[f"k{c}" for c in range(m)],
+        colour=draw.ROLE["weight"],
+        gid="S",
+    )
+    draw.label(ax, ((qb.right + kb.left) / 2, mid), "×", size=14)
+    draw.label(ax, ((kb.right + sb.left) / 2 - 0.1, mid), "=", size=14)
+    draw.outline(ax, draw.row(qb, i, cell), colour=draw.ROLE["query"])
+    column = draw.Bounds(kb.left + j * cell, kb.bottom, cell, kb.height)
+    draw.outline(ax, column, colour=draw.ROLE["key"])
+    entry = draw.Bounds(sb.left + j * cell, sb.top - (i + 1) * cell, cell, cell)
+    draw.outline(ax, entry)
+
+    def number(x: float) -> str:
+        return f"{x:.0f}" if x >= 0 else f"({x:.0f})"
+
+    terms = " + ".join(f"{number(a)}·{number(b)}" for a, b in zip(q[i], k[j]))
+    line = draw.label(
+        ax, (3.6, 0.55), f"S[{i},{j}] = q{i} · k{j} = {terms} = {scores[i, j]:.0f}"
+    )
+    line.set_gid("sum")
+    draw.label(
+        ax,
+        (3.6, 0.27),
+        "row i of S: query i against every key;  column j: every query against key j",
+        size=draw.SMALL,
+        colour=draw.MUTED,
     )
     return fig
