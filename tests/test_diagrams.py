@@ -257,3 +257,31 @@ def test_score_matrix_prints_every_dot_product_and_the_followed_sum():
         (int(a), int(b)) for a, b in zip(q[1], k[3])
     ]
     assert line.endswith(f"= {float(q[1] @ k[3]):.0f}")
+
+
+def test_softmax_steps_prints_exp_sum_and_weights():
+    from attention.course.diagrams.foundations import SOFTMAX_SCORES
+
+    fig = diagrams.softmax_steps()
+    z = torch.tensor(SOFTMAX_SCORES, dtype=torch.float64)
+    e = torch.exp(z)
+    for c in range(len(z)):
+        assert printed(fig, f"z[0,{c}]") == two_decimals(float(z[c]))
+        assert printed(fig, f"exp[0,{c}]") == two_decimals(float(e[c]))
+        assert printed(fig, f"weights[0,{c}]") == two_decimals(float(e[c] / e.sum()))
+    assert printed(fig, "sum") == f"sum = {float(e.sum()):.2f}"
+
+
+def test_max_shift_shows_the_overflow_and_the_shifted_weights():
+    from attention.course.diagrams.foundations import LARGE_SCORES
+
+    fig = diagrams.max_shift()
+    z = torch.tensor(LARGE_SCORES, dtype=torch.float32)
+    for c in range(len(z)):
+        assert printed(fig, f"naive:exp[0,{c}]") == "inf"
+        assert printed(fig, f"naive:weights[0,{c}]") == "nan"
+        assert printed(fig, f"shift:z[0,{c}]") == f"{float(z[c] - z.max()):.0f}"
+    expected = torch.softmax(z.double(), -1)
+    shown = [printed(fig, f"shift:weights[0,{c}]") for c in range(len(z))]
+    assert shown == [two_decimals(float(w)) for w in expected]
+    assert printed(fig, "reference").endswith(", ".join(shown))

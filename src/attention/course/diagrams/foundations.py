@@ -24,12 +24,15 @@ from ...foundations.scaled_dot_product import (
     attention_weights,
     scaled_dot_product_attention,
 )
+from ...foundations.softmax import softmax
 from ...layers.scoring import dot_scores, scaled_dot_scores
 from . import _draw as draw
 
 __all__ = [
     "vector_alignment",
     "score_matrix",
+    "softmax_steps",
+    "max_shift",
     "qkv_projection",
     "scores_to_output",
     "mask_broadcast",
@@ -528,4 +531,173 @@ def score_matrix(i: int = 1, j: int = 3):
         size=draw.SMALL,
         colour=draw.MUTED,
     )
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 2
+
+#: The scores of :func:`softmax_steps`.
+SOFTMAX_SCORES = (1.0, 3.0, 0.5, 2.0)
+#: The scores of :func:`max_shift`, large enough that ``exp`` overflows in float32.
+LARGE_SCORES = (1000.0, 1001.0, 1002.0)
+
+
+def softmax_steps():
+    """Softmax in three steps: exponentiate, add up, divide.
+
+    A row of four scores (:data:`SOFTMAX_SCORES`) becomes ``exp`` of each score
+    (positive, gaps magnified), their sum, and the weights ``exp(z) / sum``, which the
+    package's ``softmax`` gives too; the weights are drawn on the weight colour scale.
+
+    Returns:
+        The Figure.
+    """
+    z = torch.tensor(SOFTMAX_SCORES, dtype=torch.float64)[None]  # (1, n)
+    e = torch.exp(z)  # (1, n)
+    total = e.sum()
+    weights = softmax(z)  # (1, n)
+    n = z.shape[-1]
+    fig, ax = draw.canvas(
+        7.2, 3.9, "Softmax in three steps: exponentiate, add up, divide"
+    )
+    cell, x = 0.62, 3.1
+    rows = (3.0, 1.85, 0.7)
+    zb = draw.matrix(
+        ax,
+        (x, rows[0]),
+        1,
+        n,
+        cell=cell,
+        values=z,
+        name=None,
+        gid="z",
+        size=10,
+        colour=draw.ROLE["input"],
+    )
+    eb = draw.matrix(
+        ax,
+        (x, rows[1]),
+        1,
+        n,
+        cell=cell,
+        values=e,
+        gid="exp",
+        size=10,
+        colour=draw.ROLE["key"],
+    )
+    wb = draw.heatmap(
+        ax,
+        (x, rows[2]),
+        weights,
+        cell=cell,
+        gid="weights",
+        size=10,
+    )
+    for b, text in (
+        (zb, "scores z"),
+        (eb, "exp(z)"),
+        (wb, "weights\nexp(z) / sum"),
+    ):
+        draw.label(ax, (b.left - 0.2, b.centre[1]), text, ha="right", fontweight="bold")
+    draw.arrow(
+        ax, zb.south, eb.north, text="exp: positive, gaps magnified", side="right"
+    )
+    draw.arrow(ax, eb.south, wb.north, text="÷ sum", side="right")
+    draw.brace(
+        ax, (eb.right + 0.08, eb.top), (eb.right + 0.08, eb.bottom), side="right"
+    )
+    sum_text = draw.label(
+        ax, (eb.right + 0.38, eb.centre[1]), f"sum = {float(total):.2f}", ha="left"
+    )
+    sum_text.set_gid("sum")
+    draw.label(
+        ax,
+        (wb.right + 0.75, wb.centre[1]),
+        "positive,\nsum to 1",
+        ha="left",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def max_shift():
+    """Subtracting the maximum: the same weights, and no overflow.
+
+    Scores near 1000 (:data:`LARGE_SCORES`) in float32: ``exp`` overflows to ``inf``
+    and ``inf / inf`` is NaN. Subtracting the row's maximum first gives scores ``<= 0``,
+    whose ``exp`` lies in ``(0, 1]``, a sum in ``[1, n]``, and the weights that
+    ``softmax`` (the package's, float64) gives the original scores. All numbers are
+    computed in the function.
+
+    Returns:
+        The Figure.
+    """
+    z = torch.tensor(LARGE_SCORES, dtype=torch.float32)[None]  # (1, n)
+    naive_exp = torch.exp(z)  # inf
+    naive = naive_exp / naive_exp.sum()  # nan
+    shifted = z - z.max()
+    shifted_exp = torch.exp(shifted)
+    weights = shifted_exp / shifted_exp.sum()
+    reference = softmax(z.double())  # the float64 answer
+    n = z.shape[-1]
+    fig, ax = draw.canvas(7.2, 3.5, "The max shift: the same weights, without overflow")
+    cell = 0.56
+    bad, good = draw.tint("#c0392b", 0.9), draw.ROLE["value"]
+    top, bottom = 2.45, 0.95
+    cols = (1.55, 3.55, 5.6)
+    specs = [
+        (top, [z, naive_exp, naive], ["scores z", "exp(z)", "exp(z) / sum"], bad),
+        (
+            bottom,
+            [shifted, shifted_exp, weights],
+            ["z - max z", "exp(z - max z)", "exp(...) / sum"],
+            good,
+        ),
+    ]
+    gids = (
+        ("naive:z", "naive:exp", "naive:weights"),
+        ("shift:z", "shift:exp", "shift:weights"),
+    )
+    fmts = ("{:.0f}", "{:.2f}", "{:.2f}")
+    for (y, mats, names, colour), ids in zip(specs, gids):
+        boxes = []
+        for x, mat, name, gid, fmt in zip(cols, mats, names, ids, fmts):
+            box = draw.matrix(
+                ax,
+                (x, y),
+                1,
+                n,
+                cell=cell,
+                values=mat,
+                fmt=fmt,
+                name=name,
+                colour=colour,
+                gid=gid,
+                size=9,
+            )
+            boxes.append(box)
+        draw.arrow(ax, boxes[0].east, boxes[1].west, colour=colour)
+        draw.arrow(ax, boxes[1].east, boxes[2].west, colour=colour)
+    draw.label(ax, (0.3, top), "naive", rotation=90, fontweight="bold", colour=bad)
+    draw.label(
+        ax, (0.3, bottom), "shifted", rotation=90, fontweight="bold", colour=good
+    )
+    draw.label(
+        ax,
+        (3.6, top - 0.55),
+        "float32 overflows above e^88.7: inf / inf is NaN",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    note = draw.label(
+        ax,
+        (3.6, bottom - 0.55),
+        "every exponent <= 0, the largest term is 1: the same weights as "
+        + "softmax(z) in float64: "
+        + ", ".join(f"{float(w):.2f}" for w in reference[0]),
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    note.set_gid("reference")
     return fig
