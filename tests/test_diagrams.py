@@ -285,3 +285,49 @@ def test_max_shift_shows_the_overflow_and_the_shifted_weights():
     shown = [printed(fig, f"shift:weights[0,{c}]") for c in range(len(z))]
     assert shown == [two_decimals(float(w)) for w in expected]
     assert printed(fig, "reference").endswith(", ".join(shown))
+
+
+def test_dot_product_variance_prints_the_sum_and_measured_variances():
+    from attention.course.diagrams.foundations import variance_example, variance_table
+
+    fig = diagrams.dot_product_variance()
+    q, k = variance_example()
+    for c in range(8):
+        assert printed(fig, f"q[0,{c}]") == f"{float(q[0, c]):.1f}".replace(
+            "-0.0", "0.0"
+        )
+        product = f"{float(q[0, c] * k[0, c]):.1f}".replace("-0.0", "0.0")
+        assert printed(fig, f"qk[0,{c}]") == product
+    score = sum(float(a * b) for a, b in zip(q[0], k[0]))
+    assert printed(fig, "score") == f"sum: q · k = {score:.2f}"
+    table = variance_table()
+    g = torch.Generator().manual_seed(0)
+    for d, (raw, scaled) in table.items():
+        qs = torch.randn(4000, d, generator=g, dtype=torch.float64)
+        ks = torch.randn(4000, d, generator=g, dtype=torch.float64)
+        dots = (qs * ks).sum(-1)  # the sum of products, without the package
+        assert math.isclose(raw, float(dots.var()), rel_tol=1e-9)
+        assert abs(raw / d - 1) < 0.1 and abs(scaled - 1) < 0.1
+        assert printed(fig, f"var:{d}") == f"{raw:.1f}"
+        assert printed(fig, f"scaled:{d}") == f"{scaled:.2f}"
+
+
+def test_scaling_rows_prints_softmax_rows_with_and_without_the_scale():
+    from attention.course.diagrams.foundations import SCALING_DIMS, scaling_rows_example
+
+    fig = diagrams.scaling_rows()
+    for d in SCALING_DIMS:
+        q, k = scaling_rows_example(d)
+        raw = (q * k).sum(-1)  # (8,) the scores of the one query, without the package
+        for tag, scores in (("raw", raw), ("scaled", raw / math.sqrt(d))):
+            weights = torch.softmax(scores, -1)
+            shown = [printed(fig, f"{tag}:{d}[0,{c}]") for c in range(8)]
+            assert shown == [two_decimals(float(w)) for w in weights], (tag, d)
+            low, high = float(scores.min()), float(scores.max())
+            assert printed(fig, f"range:{tag}:{d}") == (
+                f"scores from {low:.1f} to {high:.1f}"
+            )
+    # the point of the figure: one-hot without the scale at d_k = 1024, not with it
+    q, k = scaling_rows_example(1024)
+    raw = (q * k).sum(-1)
+    assert torch.softmax(raw, -1).max() > 0.99 > torch.softmax(raw / 32, -1).max()

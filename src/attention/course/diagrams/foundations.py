@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import torch
 
 from ...foundations.masks import causal_mask, padding_mask
@@ -33,6 +34,8 @@ __all__ = [
     "score_matrix",
     "softmax_steps",
     "max_shift",
+    "dot_product_variance",
+    "scaling_rows",
     "qkv_projection",
     "scores_to_output",
     "mask_broadcast",
@@ -700,4 +703,193 @@ def max_shift():
         colour=draw.MUTED,
     )
     note.set_gid("reference")
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 3
+
+#: The head sizes of :func:`dot_product_variance`'s table and :func:`scaling_rows`.
+SCALING_DIMS = (4, 64, 1024)
+
+
+def variance_table(dims=SCALING_DIMS, pairs: int = 4000, seed: int = 0):
+    """``{d_k: (Var(q . k), Var(q . k / sqrt(d_k)))}`` over ``pairs`` seeded random
+    pairs with independent standard normal entries (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    table = {}
+    for d in dims:
+        q = torch.randn(pairs, d, generator=g, dtype=torch.float64)
+        k = torch.randn(pairs, d, generator=g, dtype=torch.float64)
+        dots = dot_scores(q[:, None], k[:, None])[:, 0, 0]  # (pairs,)
+        table[d] = (float(dots.var()), float((dots / math.sqrt(d)).var()))
+    return table
+
+
+def variance_example() -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded query and key ``(1, 8)`` of :func:`dot_product_variance`."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 8, generator=g, dtype=torch.float64)
+    return q, torch.randn(1, 8, generator=g, dtype=torch.float64)
+
+
+def dot_product_variance():
+    """Why ``q . k`` spreads like ``sqrt(d_k)``, and what dividing by it does.
+
+    A query and a key of ``d_k = 8`` seeded standard normal entries, their products
+    ``q_l k_l`` and the sum ``q . k``. Each product has mean 0 and variance 1, so the
+    sum of ``d_k`` independent ones has variance ``d_k``; dividing by ``sqrt(d_k)``
+    brings it back to 1. The table measures both variances over 4,000 random pairs
+    for ``d_k`` = 4, 64 and 1024 (:func:`variance_table`).
+
+    Returns:
+        The Figure.
+    """
+    q, k = variance_example()
+    d = q.shape[-1]
+    products = q * k
+    score = float(dot_scores(q, k)[0, 0])
+    fig, ax = draw.canvas(
+        7.2, 3.6, "Why q · k spreads like √dₖ, and what the scale does"
+    )
+    cell, x = 0.4, 2.6
+    rows = (2.7, 2.1, 1.35)
+    qb = draw.matrix(
+        ax,
+        (x, rows[0]),
+        1,
+        d,
+        cell=cell,
+        values=q,
+        fmt="{:.1f}",
+        gid="q",
+        colour=draw.ROLE["query"],
+        size=8.5,
+    )
+    kb = draw.matrix(
+        ax,
+        (x, rows[1]),
+        1,
+        d,
+        cell=cell,
+        values=k,
+        fmt="{:.1f}",
+        gid="k",
+        colour=draw.ROLE["key"],
+        size=8.5,
+    )
+    pb = draw.matrix(
+        ax,
+        (x, rows[2]),
+        1,
+        d,
+        cell=cell,
+        values=products,
+        fmt="{:.1f}",
+        gid="qk",
+        colour=draw.ROLE["weight"],
+        size=8.5,
+    )
+    for b, text, role in (
+        (qb, "q", "query"),
+        (kb, "k", "key"),
+        (pb, "products", "weight"),
+    ):
+        draw.label(
+            ax,
+            (b.left - 0.15, b.centre[1]),
+            text,
+            ha="right",
+            fontweight="bold",
+            colour=draw.ROLE[role],
+        )
+    draw.brace(ax, (pb.left, pb.bottom - 0.05), (pb.right, pb.bottom - 0.05))
+    total = draw.label(
+        ax, (pb.centre[0], pb.bottom - 0.32), f"sum: q · k = {score:.2f}", va="top"
+    )
+    total.set_gid("score")
+    draw.label(
+        ax,
+        (pb.centre[0], 0.38),
+        "dₖ products, each of mean 0 and variance 1: Var(q · k) = dₖ",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    # the measured variances
+    table = variance_table()
+    left, top = 4.8, 2.85
+    headers = ("dₖ", "Var(q · k)", "after ÷ √dₖ")
+    columns = (left, left + 0.7, left + 1.6)
+    for cx, text in zip(columns, headers):
+        draw.label(ax, (cx, top), text, size=draw.SMALL, fontweight="bold")
+    for r, (dk, (raw, scaled)) in enumerate(table.items()):
+        y = top - 0.42 * (r + 1)
+        draw.label(ax, (columns[0], y), f"{dk}")
+        draw.label(ax, (columns[1], y), f"{raw:.1f}").set_gid(f"var:{dk}")
+        draw.label(ax, (columns[2], y), f"{scaled:.2f}").set_gid(f"scaled:{dk}")
+    draw.label(
+        ax,
+        ((columns[0] + columns[2]) / 2, top - 0.42 * 4 - 0.05),
+        "measured over 4,000 random pairs",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def scaling_rows_example(d: int, n: int = 8, seed: int = 0):
+    """The seeded query ``(1, d)`` and keys ``(n, d)`` of one row of
+    :func:`scaling_rows`."""
+    g = torch.Generator().manual_seed(seed + d)
+    q = torch.randn(1, d, generator=g, dtype=torch.float64)
+    k = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return q, k
+
+
+def scaling_rows():
+    """One row of weights per ``d_k``, without and with the ``1/sqrt(d_k)`` scale.
+
+    For ``d_k`` = 4, 64 and 1024 a seeded query meets 8 seeded keys (standard normal
+    entries). Without the scale (``attention_weights(..., scale=1)``) the scores spread
+    like ``sqrt(d_k)`` and the row turns one-hot; with it (the default scale) every
+    ``d_k`` gives scores of the same spread and a row with several keys in play. The
+    range of each row's scores is written under it.
+
+    Returns:
+        The Figure.
+    """
+    fig, ax = draw.canvas(
+        7.2, 3.9, "Without the scale, a row turns one-hot as dₖ grows"
+    )
+    cell = 0.3
+    columns = {"no scale: softmax(q · k)": 2.3, "softmax(q · k / √dₖ)": 4.95}
+    for name, cx in columns.items():
+        draw.label(ax, (cx, 3.3), name, fontweight="bold")
+    for r, d in enumerate(SCALING_DIMS):
+        y = 2.6 - 0.95 * r
+        q, k = scaling_rows_example(d)
+        raw = dot_scores(q, k)  # (1, n)
+        draw.label(ax, (0.55, y), f"dₖ = {d}", fontweight="bold")
+        for cx, scale in zip(columns.values(), (1.0, None)):
+            weights = attention_weights(q, k, scale=scale)  # (1, n)
+            scores = raw if scale == 1.0 else raw / math.sqrt(d)
+            tag = "raw" if scale == 1.0 else "scaled"
+            bounds = draw.heatmap(
+                ax, (cx, y), weights, cell=cell, gid=f"{tag}:{d}", size=8, colorbar=None
+            )
+            note = draw.label(
+                ax,
+                (cx, bounds.bottom - 0.07),
+                f"scores from {float(scores.min()):.1f} to {float(scores.max()):.1f}",
+                size=draw.SMALL,
+                colour=draw.MUTED,
+                va="top",
+            )
+            note.set_gid(f"range:{tag}:{d}")
+    # one colour bar for all six rows: they share the scale [0, 1]
+    cax = ax.inset_axes([6.45, 0.45, 0.1, 2.35], transform=ax.transData)
+    bar = fig.colorbar(plt.cm.ScalarMappable(cmap=draw.WEIGHT_CMAP), cax=cax)
+    bar.set_ticks([0, 0.5, 1])
+    bar.ax.tick_params(labelsize=draw.SMALL, colors=draw.MUTED, length=2)
+    bar.outline.set_edgecolor(draw.GRID)
+    bar.set_label("weight", fontsize=draw.SMALL, color=draw.MUTED, labelpad=2)
     return fig
