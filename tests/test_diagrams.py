@@ -331,3 +331,40 @@ def test_scaling_rows_prints_softmax_rows_with_and_without_the_scale():
     q, k = scaling_rows_example(1024)
     raw = (q * k).sum(-1)
     assert torch.softmax(raw, -1).max() > 0.99 > torch.softmax(raw / 32, -1).max()
+
+
+def test_causal_triangle_prints_scores_minus_inf_and_zero_weights_above_the_diagonal():
+    from attention.course.diagrams.foundations import causal_example
+
+    fig = diagrams.causal_triangle()
+    _, q, k = causal_example()
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    n = scores.shape[0]
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)  # True above the diagonal
+    weights = torch.softmax(scores.masked_fill(future, -math.inf), dim=-1)
+    for r in range(n):
+        for c in range(n):
+            assert printed(fig, f"scores[{r},{c}]") == two_decimals(float(scores[r, c]))
+            masked = "-inf" if c > r else two_decimals(float(scores[r, c]))
+            assert printed(fig, f"masked[{r},{c}]") == masked
+            assert printed(fig, f"weights[{r},{c}]") == two_decimals(
+                float(weights[r, c])
+            )
+    assert printed(fig, "weights[0,0]") == "1.00"
+
+
+def test_cache_mask_draws_the_bottom_right_and_the_top_left_masks():
+    from attention.course.diagrams.foundations import CACHED, NEW
+
+    fig = diagrams.cache_mask()
+    cells = by_gid(fig, Rectangle)
+    dark = matplotlib.colors.to_rgba(_draw.MAY_ATTEND)
+    total = CACHED + NEW
+    for r in range(NEW):
+        for c in range(total):
+            right = cells[f"right[{r},{c}]"].get_facecolor() == dark
+            wrong = cells[f"wrong[{r},{c}]"].get_facecolor() == dark
+            # new query r at absolute position CACHED + r sees keys 0 .. CACHED + r
+            assert right == (c <= CACHED + r), (r, c)
+            # is_causal=True: query r sees keys 0 .. r
+            assert wrong == (c <= r), (r, c)

@@ -20,7 +20,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from ...foundations.masks import causal_mask, padding_mask
+from ...foundations.masks import causal_mask, decoding_mask, padding_mask
 from ...foundations.scaled_dot_product import (
     attention_weights,
     scaled_dot_product_attention,
@@ -39,6 +39,8 @@ __all__ = [
     "qkv_projection",
     "scores_to_output",
     "mask_broadcast",
+    "causal_triangle",
+    "cache_mask",
 ]
 
 _TOKENS = ("the", "cat", "sat", "down")
@@ -892,4 +894,183 @@ def scaling_rows():
     bar.ax.tick_params(labelsize=draw.SMALL, colors=draw.MUTED, length=2)
     bar.outline.set_edgecolor(draw.GRID)
     bar.set_label("weight", fontsize=draw.SMALL, color=draw.MUTED, labelpad=2)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 4
+
+
+def causal_example():
+    """The four tokens and the float64 ``(4, 4)`` scores of :func:`causal_triangle`."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    k = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    return _TOKENS, q, k
+
+
+def causal_triangle():
+    """The causal mask: scores above the diagonal become -inf, their weights 0.
+
+    Four tokens attend to each other. The scores ``S = Q K^T / sqrt(d)``
+    (``scaled_dot_scores``), the mask ``causal_mask(4)`` (True = may attend, on and
+    below the diagonal), the masked scores with ``-inf`` where the mask is False, and
+    the weights ``attention_weights(q, k, attn_mask=mask)``: each row spreads over the
+    keys up to its own position, and the first token attends only to itself.
+
+    Returns:
+        The Figure.
+    """
+    tokens, q, k = causal_example()
+    n = len(tokens)
+    scores = scaled_dot_scores(q, k)  # (n, n)
+    mask = causal_mask(n)  # (n, n), True = may attend
+    weights = attention_weights(q, k, attn_mask=mask)  # (n, n)
+    fig, ax = draw.canvas(7.2, 3.7, "The causal mask: no query sees a later key")
+    cell, mid = 0.34, 1.85
+    sb = draw.matrix(
+        ax,
+        (1.2, mid),
+        n,
+        n,
+        cell=cell,
+        values=scores,
+        name="scores S",
+        row_labels=tokens,
+        col_labels=tokens,
+        gid="scores",
+        size=8,
+    )
+    fills = [
+        [draw.tint(draw.ROLE["input"]) if bool(a) else draw.BLOCKED for a in row]
+        for row in mask
+    ]
+    shown = torch.where(mask, scores, torch.full_like(scores, -math.inf))
+    mb = draw.matrix(
+        ax,
+        (3.5, mid),
+        n,
+        n,
+        cell=cell,
+        values=shown,
+        fills=fills,
+        name="S, future set to -inf",
+        col_labels=tokens,
+        gid="masked",
+        size=8,
+    )
+    wb = draw.heatmap(
+        ax,
+        (5.7, mid),
+        weights,
+        cell=cell,
+        name="weights",
+        col_labels=tokens,
+        gid="weights",
+        size=8,
+    )
+    draw.arrow(ax, sb.east, mb.west, text="mask")
+    draw.arrow(ax, mb.east, wb.west, text="softmax\nper row")
+    draw.label(
+        ax,
+        (3.6, 0.55),
+        "row i keeps keys 0..i: causal_mask is True on and below the diagonal",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    draw.label(
+        ax,
+        (3.6, 0.3),
+        "exp(-∞) = 0: blocked keys get weight exactly 0, and each row still sums to 1",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+#: Cached and new positions of :func:`cache_mask`.
+CACHED, NEW = 5, 3
+
+
+def cache_mask():
+    """Decoding with a KV cache: the mask of the new queries, and the wrong one.
+
+    After ``CACHED`` positions are cached, ``NEW`` queries arrive at absolute positions
+    ``CACHED ..``. ``decoding_mask(NEW, CACHED)`` lets each see every cached key plus a
+    causal triangle over the new ones: the last ``NEW`` rows of ``causal_mask`` over all
+    positions. ``is_causal=True`` aligns the triangle top-left instead
+    (``causal_mask(NEW, CACHED + NEW)``) and hides most of the cache. Dark cells are True
+    (may attend).
+
+    Returns:
+        The Figure.
+    """
+    right = decoding_mask(NEW, CACHED)  # (NEW, CACHED + NEW)
+    wrong = causal_mask(NEW, CACHED + NEW)  # top-left: what is_causal=True means
+    total = CACHED + NEW
+
+    def fills(m):
+        return [
+            [draw.MAY_ATTEND if bool(a) else draw.BLOCKED for a in row] for row in m
+        ]
+
+    fig, ax = draw.canvas(
+        7.2, 3.7, f"Decoding {NEW} new tokens after {CACHED} cached ones"
+    )
+    cell = 0.28
+    rows = [f"query {CACHED + r}" for r in range(NEW)]
+    cols = [str(c) for c in range(total)]
+    panels = (
+        (1.95, right, "decoding_mask(3, 5): right", "right"),
+        (5.35, wrong, "is_causal=True: wrong", "wrong"),
+    )
+    for x, m, title, gid in panels:
+        b = draw.matrix(
+            ax,
+            (x, 2.05),
+            NEW,
+            total,
+            cell=cell,
+            fills=fills(m),
+            colour=draw.INK,
+            row_labels=rows,
+            col_labels=cols,
+            gid=gid,
+            name=title,
+        )
+        cached_end = b.left + CACHED * cell
+        draw.bracket(
+            ax,
+            (b.left, b.bottom - 0.06),
+            (cached_end - 0.03, b.bottom - 0.06),
+            "cached keys",
+            side="below",
+        )
+        draw.bracket(
+            ax,
+            (cached_end + 0.03, b.bottom - 0.06),
+            (b.right, b.bottom - 0.06),
+            "new",
+            side="below",
+        )
+    draw.label(
+        ax,
+        (3.6, 0.85),
+        f"new query r sits at position {CACHED} + r: it may see all {CACHED} cached "
+        "keys and new keys 0..r",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    draw.label(
+        ax,
+        (3.6, 0.58),
+        "is_causal=True lets query r see keys 0..r only: most of the cache is hidden",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    draw.legend(
+        ax,
+        (2.0, 0.3),
+        [(draw.MAY_ATTEND, "True: may attend")],
+    )
+    draw.legend(ax, (4.2, 0.3), [(draw.BLOCKED, "False: blocked")])
     return fig
