@@ -998,8 +998,8 @@ def cache_mask():
     ``CACHED ..``. ``decoding_mask(NEW, CACHED)`` lets each see every cached key plus a
     causal triangle over the new ones: the last ``NEW`` rows of ``causal_mask`` over all
     positions. ``is_causal=True`` aligns the triangle top-left instead
-    (``causal_mask(NEW, CACHED + NEW)``) and hides most of the cache. Dark cells are True
-    (may attend).
+    (``causal_mask(NEW, CACHED + NEW)``) and hides most of the cache. Dark cells are
+    True (may attend).
 
     Returns:
         The Figure.
