@@ -225,6 +225,7 @@ def test_the_primitives_place_what_they_draw_where_they_say():
 # --------------------------------------------------------------- chapters 1-4 (numbers)
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_vector_alignment_prints_the_three_dot_products():
     from attention.course.diagrams.foundations import alignment_vectors
 
@@ -239,6 +240,7 @@ def test_vector_alignment_prints_the_three_dot_products():
         assert shown == ("q · k = 0" if signs[name] == 0 else f"q · k = {score:+.2f}")
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_score_matrix_prints_every_dot_product_and_the_followed_sum():
     from attention.course.diagrams.foundations import score_matrix_example
 
@@ -259,6 +261,7 @@ def test_score_matrix_prints_every_dot_product_and_the_followed_sum():
     assert line.endswith(f"= {float(q[1] @ k[3]):.0f}")
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_softmax_steps_prints_exp_sum_and_weights():
     from attention.course.diagrams.foundations import SOFTMAX_SCORES
 
@@ -272,6 +275,7 @@ def test_softmax_steps_prints_exp_sum_and_weights():
     assert printed(fig, "sum") == f"sum = {float(e.sum()):.2f}"
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_max_shift_shows_the_overflow_and_the_shifted_weights():
     from attention.course.diagrams.foundations import LARGE_SCORES
 
@@ -287,6 +291,7 @@ def test_max_shift_shows_the_overflow_and_the_shifted_weights():
     assert printed(fig, "reference").endswith(", ".join(shown))
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_dot_product_variance_prints_the_sum_and_measured_variances():
     from attention.course.diagrams.foundations import variance_example, variance_table
 
@@ -312,6 +317,7 @@ def test_dot_product_variance_prints_the_sum_and_measured_variances():
         assert printed(fig, f"scaled:{d}") == f"{scaled:.2f}"
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_scaling_rows_prints_softmax_rows_with_and_without_the_scale():
     from attention.course.diagrams.foundations import SCALING_DIMS, scaling_rows_example
 
@@ -333,6 +339,7 @@ def test_scaling_rows_prints_softmax_rows_with_and_without_the_scale():
     assert torch.softmax(raw, -1).max() > 0.99 > torch.softmax(raw / 32, -1).max()
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_causal_triangle_prints_scores_minus_inf_and_zero_weights_above_the_diagonal():
     from attention.course.diagrams.foundations import causal_example
 
@@ -353,6 +360,7 @@ def test_causal_triangle_prints_scores_minus_inf_and_zero_weights_above_the_diag
     assert printed(fig, "weights[0,0]") == "1.00"
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_cache_mask_draws_the_bottom_right_and_the_top_left_masks():
     from attention.course.diagrams.foundations import CACHED, NEW
 
