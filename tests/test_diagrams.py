@@ -220,3 +220,159 @@ def test_the_primitives_place_what_they_draw_where_they_say():
     assert bars[0].get_position().x0 * 7.2 > h.right  # beside the tile, not over it
     assert _draw.ink_on("#ffffff") == _draw.INK and _draw.ink_on("#000000") == "white"
     assert _draw.tint("#000000", 0.25) == pytest.approx((0.75, 0.75, 0.75))
+
+
+# --------------------------------------------------------------- chapters 1-4 (numbers)
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_vector_alignment_prints_the_three_dot_products():
+    from attention.course.diagrams.foundations import alignment_vectors
+
+    fig = diagrams.vector_alignment()
+    pairs = alignment_vectors()
+    signs = {"aligned": 1, "orthogonal": 0, "opposite": -1}
+    for name, (q, k) in pairs.items():
+        score = float((q * k).sum())  # the sum of products, without the package
+        cos = score / float(q.norm() * k.norm())
+        assert math.isclose(cos, signs[name], abs_tol=1e-6), name
+        shown = printed(fig, f"score:{name}")
+        assert shown == ("q · k = 0" if signs[name] == 0 else f"q · k = {score:+.2f}")
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_score_matrix_prints_every_dot_product_and_the_followed_sum():
+    from attention.course.diagrams.foundations import score_matrix_example
+
+    fig = diagrams.score_matrix(i=1, j=3)
+    q, k = score_matrix_example()
+    for r in range(q.shape[0]):
+        for c in range(k.shape[0]):
+            loop = sum(float(a * b) for a, b in zip(q[r], k[c]))
+            assert printed(fig, f"S[{r},{c}]") == f"{loop:.0f}", (r, c)
+    for r in range(k.shape[1]):
+        for c in range(k.shape[0]):
+            assert printed(fig, f"KT[{r},{c}]") == f"{float(k[c, r]):.0f}"
+    line = printed(fig, "sum")
+    products = re.findall(r"\(?(-?\d)\)?·\(?(-?\d)\)?", line)
+    assert [(int(a), int(b)) for a, b in products] == [
+        (int(a), int(b)) for a, b in zip(q[1], k[3])
+    ]
+    assert line.endswith(f"= {float(q[1] @ k[3]):.0f}")
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_softmax_steps_prints_exp_sum_and_weights():
+    from attention.course.diagrams.foundations import SOFTMAX_SCORES
+
+    fig = diagrams.softmax_steps()
+    z = torch.tensor(SOFTMAX_SCORES, dtype=torch.float64)
+    e = torch.exp(z)
+    for c in range(len(z)):
+        assert printed(fig, f"z[0,{c}]") == two_decimals(float(z[c]))
+        assert printed(fig, f"exp[0,{c}]") == two_decimals(float(e[c]))
+        assert printed(fig, f"weights[0,{c}]") == two_decimals(float(e[c] / e.sum()))
+    assert printed(fig, "sum") == f"sum = {float(e.sum()):.2f}"
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_max_shift_shows_the_overflow_and_the_shifted_weights():
+    from attention.course.diagrams.foundations import LARGE_SCORES
+
+    fig = diagrams.max_shift()
+    z = torch.tensor(LARGE_SCORES, dtype=torch.float32)
+    for c in range(len(z)):
+        assert printed(fig, f"naive:exp[0,{c}]") == "inf"
+        assert printed(fig, f"naive:weights[0,{c}]") == "nan"
+        assert printed(fig, f"shift:z[0,{c}]") == f"{float(z[c] - z.max()):.0f}"
+    expected = torch.softmax(z.double(), -1)
+    shown = [printed(fig, f"shift:weights[0,{c}]") for c in range(len(z))]
+    assert shown == [two_decimals(float(w)) for w in expected]
+    assert printed(fig, "reference").endswith(", ".join(shown))
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_dot_product_variance_prints_the_sum_and_measured_variances():
+    from attention.course.diagrams.foundations import variance_example, variance_table
+
+    fig = diagrams.dot_product_variance()
+    q, k = variance_example()
+    for c in range(8):
+        assert printed(fig, f"q[0,{c}]") == f"{float(q[0, c]):.1f}".replace(
+            "-0.0", "0.0"
+        )
+        product = f"{float(q[0, c] * k[0, c]):.1f}".replace("-0.0", "0.0")
+        assert printed(fig, f"qk[0,{c}]") == product
+    score = sum(float(a * b) for a, b in zip(q[0], k[0]))
+    assert printed(fig, "score") == f"sum: q · k = {score:.2f}"
+    table = variance_table()
+    g = torch.Generator().manual_seed(0)
+    for d, (raw, scaled) in table.items():
+        qs = torch.randn(4000, d, generator=g, dtype=torch.float64)
+        ks = torch.randn(4000, d, generator=g, dtype=torch.float64)
+        dots = (qs * ks).sum(-1)  # the sum of products, without the package
+        assert math.isclose(raw, float(dots.var()), rel_tol=1e-9)
+        assert abs(raw / d - 1) < 0.1 and abs(scaled - 1) < 0.1
+        assert printed(fig, f"var:{d}") == f"{raw:.1f}"
+        assert printed(fig, f"scaled:{d}") == f"{scaled:.2f}"
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_scaling_rows_prints_softmax_rows_with_and_without_the_scale():
+    from attention.course.diagrams.foundations import SCALING_DIMS, scaling_rows_example
+
+    fig = diagrams.scaling_rows()
+    for d in SCALING_DIMS:
+        q, k = scaling_rows_example(d)
+        raw = (q * k).sum(-1)  # (8,) the scores of the one query, without the package
+        for tag, scores in (("raw", raw), ("scaled", raw / math.sqrt(d))):
+            weights = torch.softmax(scores, -1)
+            shown = [printed(fig, f"{tag}:{d}[0,{c}]") for c in range(8)]
+            assert shown == [two_decimals(float(w)) for w in weights], (tag, d)
+            low, high = float(scores.min()), float(scores.max())
+            assert printed(fig, f"range:{tag}:{d}") == (
+                f"scores from {low:.1f} to {high:.1f}"
+            )
+    # the point of the figure: one-hot without the scale at d_k = 1024, not with it
+    q, k = scaling_rows_example(1024)
+    raw = (q * k).sum(-1)
+    assert torch.softmax(raw, -1).max() > 0.99 > torch.softmax(raw / 32, -1).max()
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_causal_triangle_prints_scores_minus_inf_and_zero_weights_above_the_diagonal():
+    from attention.course.diagrams.foundations import causal_example
+
+    fig = diagrams.causal_triangle()
+    _, q, k = causal_example()
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    n = scores.shape[0]
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)  # True above the diagonal
+    weights = torch.softmax(scores.masked_fill(future, -math.inf), dim=-1)
+    for r in range(n):
+        for c in range(n):
+            assert printed(fig, f"scores[{r},{c}]") == two_decimals(float(scores[r, c]))
+            masked = "-inf" if c > r else two_decimals(float(scores[r, c]))
+            assert printed(fig, f"masked[{r},{c}]") == masked
+            assert printed(fig, f"weights[{r},{c}]") == two_decimals(
+                float(weights[r, c])
+            )
+    assert printed(fig, "weights[0,0]") == "1.00"
+
+
+@pytest.mark.slow  # renders figures: make test, not make check
+def test_cache_mask_draws_the_bottom_right_and_the_top_left_masks():
+    from attention.course.diagrams.foundations import CACHED, NEW
+
+    fig = diagrams.cache_mask()
+    cells = by_gid(fig, Rectangle)
+    dark = matplotlib.colors.to_rgba(_draw.MAY_ATTEND)
+    total = CACHED + NEW
+    for r in range(NEW):
+        for c in range(total):
+            right = cells[f"right[{r},{c}]"].get_facecolor() == dark
+            wrong = cells[f"wrong[{r},{c}]"].get_facecolor() == dark
+            # new query r at absolute position CACHED + r sees keys 0 .. CACHED + r
+            assert right == (c <= CACHED + r), (r, c)
+            # is_causal=True: query r sees keys 0 .. r
+            assert wrong == (c <= r), (r, c)

@@ -1,5 +1,4 @@
-"""Tests for attention.course.example: the running example against the model's own
-outputs.
+"""Tests for attention.course.example: the running example against the model's outputs.
 
 The token embeddings are checked against the tokenizer and the embedding table, the
 layer inputs against a separate ``transformers`` forward pass, and ``qkv`` against the
@@ -71,9 +70,8 @@ def test_embeddings_are_rows_of_the_embedding_table(loaded):
     model, _, plain, special = loaded
     table = model.embeddings.word_embeddings.weight
     for row, token_id in zip(plain.embeddings, plain.token_ids.tolist(), strict=True):
-        assert torch.equal(
-            row, table[token_id]
-        )  # a lookup: a copy, exact by construction
+        # a lookup: a copy, exact by construction
+        assert torch.equal(row, table[token_id])
     # the same word gets the same embedding: "the" at positions 0 and 6
     assert torch.equal(plain.embeddings[0], plain.embeddings[6])
     assert torch.equal(special.embeddings[1:-1], plain.embeddings)
@@ -87,8 +85,8 @@ def test_hidden_states_match_an_independent_forward_pass(loaded):
     for layer, ref in enumerate(out.hidden_states):
         assert_close(special.hidden_states[layer], ref[0], **ATOL)
         assert_close(plain.hidden_states[layer], ref[0, 1:-1], **ATOL)
-    # hidden_states[0] is the embedding block's output, position included: the two "the"
-    # differ
+    # hidden_states[0] is the embedding block's output, position included: the two
+    # "the" differ
     assert not torch.allclose(
         plain.hidden_states[0, 0], plain.hidden_states[0, 6], atol=1e-3
     )
@@ -99,9 +97,8 @@ def test_qkv_reproduce_the_models_attention_maps(loaded, layer):
     model, tokenizer, _, special = loaded
     encoded = tokenizer(RUNNING_SENTENCE, return_tensors="pt")
     with torch.no_grad():
-        maps = model(**encoded, output_attentions=True).attentions[layer][
-            0
-        ]  # (h, n, n)
+        # (h, n, n)
+        maps = model(**encoded, output_attentions=True).attentions[layer][0]
     q, k, v = special.qkv(layer)
     h = model.config.num_attention_heads
     d = model.config.hidden_size // h
@@ -119,6 +116,44 @@ def test_plain_qkv_are_the_rows_of_the_full_ones(loaded):
     _, _, plain, special = loaded
     for ours, full in zip(plain.qkv(2), special.qkv(2), strict=True):
         assert_close(ours, full[:, 1:-1], **ATOL)
+
+
+def test_without_special_tokens_every_row_is_renormalised(loaded):
+    """What the qkv docstring says: dropping [CLS]/[SEP] as keys renormalises every row
+    over the word pieces, so the weights are the model's divided by the words' share."""
+    model, tokenizer, plain, _ = loaded
+    encoded = tokenizer(RUNNING_SENTENCE, return_tensors="pt")
+    with torch.no_grad():
+        maps = model(**encoded, output_attentions=True).attentions[3][0]  # (h, 15, 15)
+    words = maps[:, 1:-1, 1:-1]  # the model's weights of word rows on word keys
+    share = words.sum(-1, keepdim=True)  # (h, 13, 1): what the words held
+    q, k, _ = plain.qkv(3)
+    renormalised = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+    assert_close(renormalised, words / share, **ATOL)
+    # in the head chapters 1-4 follow, [CLS] and [SEP] hold about half of a word's row
+    special = 1 - share[1, :, 0]
+    assert 0.5 < special.mean() < 0.6 and special.max() > 0.85
+    it = plain.index("it")
+    assert_close(words[1, it, 1] / share[1, it, 0], renormalised[1, it, 1], **ATOL)
+    assert words[1, it, 1] < 0.66 < renormalised[1, it, 1]  # "animal": 0.64 vs 0.75
+
+
+def test_another_sentence(loaded):
+    model, tokenizer, plain, _ = loaded
+    wide_text = RUNNING_SENTENCE.replace("tired", "wide")
+    wide = running_example(model, tokenizer, special_tokens=True, text=wide_text)
+    assert wide.text == wide_text
+    assert wide.tokens == ["[CLS]", *WORDS[:-1], "wide", "[SEP]"]
+    encoded = tokenizer(wide_text, return_tensors="pt")
+    with torch.no_grad():
+        maps = model(**encoded, output_attentions=True).attentions[3][0]
+    q, k, _ = wide.qkv(3)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+    assert_close(weights, maps, **ATOL)
+    # the words before "wide" are the same pieces, the token embeddings the same rows
+    assert torch.equal(wide.embeddings[1:-2], plain.embeddings[:-1])
+    with pytest.raises(ValueError, match="text must be a non-empty str"):
+        running_example(model, tokenizer, text=" ")
 
 
 def test_index(loaded):

@@ -1,9 +1,9 @@
 """The course's running example: one sentence, embedded by a real model (chapters 1-8).
 
 "The animal didn't cross the street because it was too tired": which word should "it"
-attend to? Chapters 1-8 follow this one sentence. Its word pieces and vectors come from
-all-MiniLM-L6-v2 (a small BERT-style encoder, hidden size 384, 6 layers, 12 heads of size
-32), loaded offline from safetensors by :func:`attention.load_minilm`:
+attend to? Chapters 1-8 follow this one sentence. Its word pieces and vectors come
+from all-MiniLM-L6-v2 (a small BERT-style encoder, hidden size 384, 6 layers, 12 heads
+of size 32), loaded offline from safetensors by :func:`attention.load_minilm`:
 
 - chapters 1-4 use the **token embeddings** (rows of the model's input embedding
   table: what a word piece is before any context or position) and the **query, key and
@@ -11,18 +11,28 @@ all-MiniLM-L6-v2 (a small BERT-style encoder, hidden size 384, 6 layers, 12 head
 - chapters 5-8 use the same sentence for self-attention, heads and positions
   (the layer inputs ``hidden_states`` carry position and context).
 
-The model's own attention maps of the sentence (every layer and head, ``[CLS]`` and
-``[SEP]`` included) are one call away:
+The tokenizer adds two special tokens, ``[CLS]`` first and ``[SEP]`` last, and the
+model attends to them like to any word piece: in layer 3, head 1 (the head chapters 1-4
+follow) they hold about 55 % of each word's row of weights. ``special_tokens=True``
+keeps them, so ``ex.qkv(layer)`` reproduces the model's own attention maps of the
+sentence, which are also one call away:
 ``attention.trace_attention(ex.model, ex.tokenizer, ex.text).attentions``, shape
-``(6, 12, 15, 15)``; ``ex.qkv(layer)`` with ``special_tokens=True`` reproduces them.
+``(6, 12, 15, 15)``. With ``special_tokens=False`` (the default) they are dropped as
+queries *and as keys*: a softmax over the 13 word pieces then renormalises every row
+over the words alone, so its weights are larger than the model's (see
+:meth:`RunningExample.qkv`).
+
+``text`` swaps the sentence for another one, embedded the same way: the preface's
+contrast, "... because it was too wide", where "it" means the street.
 
 Shape legend: ``n`` tokens, ``embed_dim`` = 384, ``h`` = 12 heads, ``d`` = 32 per head,
 ``num_layers`` = 6. :class:`RunningExample` and :data:`RUNNING_SENTENCE` are importable
-from ``attention.course.example``; only :func:`running_example` is re-exported by ``attention``.
+from ``attention.course.example``; only :func:`running_example` is re-exported by
+``attention``.
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention`` (this module builds no masks; the
-chapters build them for this sentence with :mod:`attention.foundations.masks`).
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention`` (this module builds no masks;
+the chapters build them for this sentence with :mod:`attention.foundations.masks`).
 """
 
 from __future__ import annotations
@@ -56,9 +66,9 @@ class RunningExample:
             and no context. Float32, detached.
         hidden_states: ``(num_layers + 1, n, embed_dim)``: ``hidden_states[0]`` is the
             model's embedding output (token + position + segment, LayerNorm-ed),
-            ``hidden_states[l]`` the input of layer ``l``. They come from one forward pass
-            over the whole sentence *with* ``[CLS]`` and ``[SEP]``, as the model was
-            trained; with ``special_tokens=False`` their rows are then dropped.
+            ``hidden_states[l]`` the input of layer ``l``. They come from one forward
+            pass over the whole sentence *with* ``[CLS]`` and ``[SEP]``, as the model
+            was trained; with ``special_tokens=False`` their rows are then dropped.
         model: the ``transformers`` ``BertModel`` (eager attention, ``eval()`` mode).
         tokenizer: its tokenizer.
     """
@@ -72,7 +82,7 @@ class RunningExample:
     tokenizer: Any = field(repr=False, compare=False)
 
     def index(self, token: str, occurrence: int = 0) -> int:
-        """Position of the ``occurrence``-th (0-based) appearance of ``token`` in ``tokens``.
+        """Position of the ``occurrence``-th (0-based) ``token`` in ``tokens``.
 
         Example: ``example.index("it")`` is 9 without special tokens, 10 with them.
         """
@@ -86,14 +96,18 @@ class RunningExample:
         return hits[occurrence]
 
     def qkv(self, layer: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-        r"""Layer ``layer``'s queries, keys and values for this sentence, split into heads.
+        r"""Layer ``layer``'s queries, keys and values, split into heads.
 
         :math:`Q = X W_Q^\top + b_Q`, :math:`K = X W_K^\top + b_K`,
         :math:`V = X W_V^\top + b_V` with :math:`X` = ``hidden_states[layer]`` and the
-        model's own weights, each reshaped from ``(n, h d)`` to ``(h, n, d)``. Then
-        ``softmax(Q K^T / sqrt(d))`` over the key axis is the model's attention map of
-        that layer, up to the rows of dropped special tokens (the model's keys include
-        ``[CLS]`` and ``[SEP]``).
+        model's own weights, each reshaped from ``(n, h d)`` to ``(h, n, d)``.
+
+        With ``special_tokens=True``, ``softmax(Q K^T / sqrt(d))`` over the key axis is
+        the model's own attention map of that layer. With ``special_tokens=False`` the
+        rows and columns of ``[CLS]`` and ``[SEP]`` are missing: every query's scores
+        are the model's, but its softmax runs over the 13 word pieces only, so every
+        row is renormalised (divided by the weight the words held, about 45 % of the
+        row on average in layer 3, head 1) and is *not* the model's map.
 
         Args:
             layer: which layer, ``0 <= layer < num_layers`` (6 for MiniLM).
@@ -117,28 +131,38 @@ class RunningExample:
 
 
 def running_example(
-    model=None, tokenizer=None, *, special_tokens: bool = False
+    model=None,
+    tokenizer=None,
+    *,
+    special_tokens: bool = False,
+    text: str = RUNNING_SENTENCE,
 ) -> RunningExample:
-    """The running example "The animal didn't cross the street because it was too tired".
+    """The running example's sentence as all-MiniLM-L6-v2 sees it (chapters 1-8).
 
-    Tokenises the sentence with all-MiniLM-L6-v2's tokenizer and reads its token
-    embeddings and layer inputs from the model (see :class:`RunningExample`). Loading
-    the model (offline, safetensors) takes a few seconds; pass ``model`` and
+    Tokenises the sentence (or ``text``) with all-MiniLM-L6-v2's tokenizer and reads
+    its token embeddings and layer inputs from the model (see :class:`RunningExample`).
+    Loading the model (offline, safetensors) takes a few seconds; pass ``model`` and
     ``tokenizer`` from :func:`attention.load_minilm` to reuse a loaded one.
 
     Args:
         model: a BERT-style encoder with eager attention, or None to load MiniLM.
         tokenizer: its tokenizer (required with ``model``; None when ``model`` is None).
         special_tokens: keep ``[CLS]`` and ``[SEP]`` as tokens (default False: the 13
-            word pieces of the sentence only).
+            word pieces of the sentence only, and every softmax over them renormalised;
+            see :meth:`RunningExample.qkv`).
+        text: the sentence (default :data:`RUNNING_SENTENCE`); e.g. the preface's
+            contrast with *wide* in place of *tired*.
 
     Returns:
         A :class:`RunningExample`: ``tokens`` (n), ``embeddings`` ``(n, 384)``,
-        ``hidden_states`` ``(7, n, 384)``, and ``qkv(layer)`` giving three ``(12, n, 32)``.
+        ``hidden_states`` ``(7, n, 384)``, and ``qkv(layer)`` giving three
+        ``(12, n, 32)``.
 
     Raises:
         ImportError: ``transformers`` is not installed.
-        ValueError: exactly one of ``model`` and ``tokenizer`` was given.
+        ValueError: exactly one of ``model`` and ``tokenizer`` was given, or ``text``
+            is empty.
+        TypeError: ``special_tokens`` is not a bool.
 
     Example:
         >>> from attention.course.example import RUNNING_SENTENCE
@@ -161,20 +185,21 @@ def running_example(
         raise TypeError(
             f"special_tokens must be a bool, got {type(special_tokens).__name__}"
         )
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty str, got {text!r}")
     if model is None or tokenizer is None:  # both or neither (checked above)
         model, tokenizer = load_minilm()
-    encoded = tokenizer(RUNNING_SENTENCE, return_tensors="pt")
+    encoded = tokenizer(text, return_tensors="pt")
     ids = encoded["input_ids"][0]  # (n + 2,) with [CLS] and [SEP]
     with torch.no_grad():
         out = model(**encoded, output_hidden_states=True)
-        hidden = torch.stack(out.hidden_states, dim=0)[
-            :, 0
-        ]  # (num_layers + 1, n + 2, embed_dim)
+        # (num_layers + 1, n + 2, embed_dim)
+        hidden = torch.stack(out.hidden_states, dim=0)[:, 0]
         embeddings = model.embeddings.word_embeddings(ids)  # (n + 2, embed_dim)
     keep = slice(None) if special_tokens else slice(1, -1)
     ids = ids[keep]
     return RunningExample(
-        text=RUNNING_SENTENCE,
+        text=text,
         tokens=list(tokenizer.convert_ids_to_tokens(ids.tolist())),
         token_ids=ids.clone(),
         embeddings=embeddings[keep].detach().clone(),

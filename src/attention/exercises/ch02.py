@@ -1,4 +1,4 @@
-"""Checkers for chapter 2's exercises: softmax from its formula, an online-softmax step.
+"""Checkers for chapter 2's exercises: softmax, log-sum-exp, online step, Jacobian.
 
 Each checker takes your function, runs it beside the course's own on a few inputs (the
 traps included) and prints one line starting with ``✓``, or raises an
@@ -12,13 +12,20 @@ Every input is float64; the tolerance is stated in the ``✓`` line.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from ..foundations.softmax import softmax
 from ._checker import Case, Mistake, Property, check, randn
 
-__all__ = ["check_softmax", "check_online_softmax_step"]
+__all__ = [
+    "check_softmax",
+    "check_logsumexp",
+    "check_online_softmax_step",
+    "check_softmax_jacobian",
+]
 
 _INF = float("inf")
 
@@ -306,6 +313,214 @@ def check_online_softmax_step(fn) -> None:
                 "the block's exponentials are not shifted: sum exp(scores - m_new), "
                 "not exp(scores)",
                 _unshifted_block,
+            ),
+        ],
+    )
+
+
+# ------------------------------------------------------------------------ log-sum-exp
+
+
+def _lse_unshifted(x, dim=-1):
+    return torch.log(torch.exp(x).sum(dim))
+
+
+def _lse_without_adding_back(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return torch.log(torch.exp(x - m).sum(dim))
+
+
+def _lse_keepdim(x, dim=-1):
+    return torch.logsumexp(x, dim, keepdim=True)
+
+
+def _lse_max_only(x, dim=-1):
+    return x.amax(dim)
+
+
+def _lse_cases() -> list[Case]:
+    overflow = "exp overflows for scores near 1000: subtract the maximum, add it back"
+    masked = randn(3, 5, seed=31)
+    masked[0, [1, 3]] = -_INF
+    return [
+        Case("3 rows of 5 scores", (randn(3, 5, seed=30),)),
+        Case(
+            "one row of 4 equal scores", (torch.full((4,), -2.5, dtype=torch.float64),)
+        ),
+        Case("dim=0 of a (4, 3) tensor", (randn(4, 3, seed=32),), {"dim": 0}),
+        Case(
+            "large scores (near +1000 and -1000)",
+            (torch.cat([1000 + randn(2, 4, seed=33), -1000 + randn(2, 4, seed=34)]),),
+            hint=overflow,
+        ),
+        Case("-inf entries (masked scores)", (masked,)),
+    ]
+
+
+def check_logsumexp(fn) -> None:
+    r"""Check ``fn(x, dim=-1)``: the log-sum-exp of ``x`` along ``dim``, safely.
+
+    .. math:: \operatorname{LSE}(x) = \log \sum_k e^{x_k}
+        = m + \log \sum_k e^{x_k - m}, \quad m = \max_k x_k
+
+    ``fn`` returns ``x`` with the axis ``dim`` removed (as ``torch.logsumexp(x, dim)``).
+    The inputs: a few rows; equal scores (the answer is the score plus ``log n``);
+    ``dim=0``; scores near +1000 and -1000, where ``exp`` overflows or underflows
+    unless the maximum is taken out first; ``-inf`` entries (masked scores, which add
+    nothing). Known mistakes are named: no shift, a shift that is not added back, the
+    axis kept, the maximum alone. Tolerance: 1e-10 (float64).
+
+    Example:
+        >>> def my_lse(x, dim=-1):
+        ...     m = x.amax(dim, keepdim=True)
+        ...     total = torch.exp(x - m).sum(dim, keepdim=True)
+        ...     return (m + torch.log(total)).squeeze(dim)
+        >>> check_logsumexp(my_lse)  # doctest: +ELLIPSIS
+        ✓ my_lse: log-sum-exp along dim, ... (5 inputs, within 1e-10)
+    """
+    __tracebackhide__ = True
+    check(
+        fn,
+        lambda x, dim=-1: torch.logsumexp(x, dim),
+        _lse_cases(),
+        what="log-sum-exp along dim, large scores too",
+        properties=[
+            Property(
+                "LSE must lie between the maximum and the maximum + log n",
+                lambda out, x, dim=-1: (
+                    (out >= x.amax(dim) - 1e-12)
+                    & (out <= x.amax(dim) + math.log(x.shape[dim]) + 1e-12)
+                ),
+            ),
+        ],
+        mistakes=[
+            Mistake(
+                "the maximum is not taken out: exp overflows near 1000; compute "
+                "m + log(sum(exp(x - m)))",
+                _lse_unshifted,
+            ),
+            Mistake(
+                "the maximum is subtracted but not added back: LSE = m + log(sum(exp(x "
+                "- m)))",
+                _lse_without_adding_back,
+            ),
+            Mistake(
+                "the axis dim is kept: return one number per slice, without keepdim "
+                "(squeeze it)",
+                _lse_keepdim,
+            ),
+            Mistake(
+                "this is the maximum alone: add log(sum(exp(x - m)))",
+                _lse_max_only,
+            ),
+        ],
+    )
+
+
+# ----------------------------------------------------------------------- the Jacobian
+
+
+def _jacobian(z: Tensor) -> Tensor:
+    """The reference: diag(s) - s s^T, batched over the leading axes."""
+    s = torch.softmax(z, -1)
+    return torch.diag_embed(s) - s[..., :, None] * s[..., None, :]
+
+
+def _diag_only(z):
+    return torch.diag_embed(torch.softmax(z, -1))
+
+
+def _outer_only(z):
+    s = torch.softmax(z, -1)
+    return -s[..., :, None] * s[..., None, :]
+
+
+def _sign_flipped(z):
+    return -_jacobian(z)
+
+
+def _diagonal_formula_everywhere(z):
+    s = torch.softmax(z, -1)
+    return (s * (1 - s))[..., None, :].expand(*s.shape, s.shape[-1]).clone()
+
+
+def _of_the_scores(z):
+    return torch.diag_embed(z) - z[..., :, None] * z[..., None, :]
+
+
+def _one_row_only(z):
+    s = torch.softmax(z, -1)
+    return torch.diag(s) - torch.outer(s, s)
+
+
+def _jacobian_cases() -> list[Case]:
+    return [
+        Case("5 scores", (randn(5, seed=40),)),
+        Case("2 scores", (randn(2, seed=41),)),
+        Case("a batch of 3 rows of 4 scores", (randn(3, 4, seed=42),)),
+        Case("one score far above the others (saturated)", (randn(6, seed=43) * 20,)),
+    ]
+
+
+def check_softmax_jacobian(fn) -> None:
+    r"""Check ``fn(z)``: the Jacobian of the softmax, diag(s) - s sᵀ.
+
+    Entry ``(i, k)`` is :math:`\partial s_i / \partial z_k`: :math:`s_i (1 - s_i)` on
+    the diagonal and :math:`-s_i s_k` off it, where
+    :math:`s = \operatorname{softmax}(z)`.
+    ``z`` is ``(..., n)``; the result is ``(..., n, n)``, one Jacobian per row (for a
+    batch, ``torch.diag_embed`` builds the diagonal matrices). The inputs: 5 and 2
+    scores, a batch of rows, and a saturated row where one weight is near 1 and the
+    Jacobian near 0. Known mistakes are named: the diagonal part alone, the outer
+    product alone, the sign flipped, the diagonal formula used everywhere, the scores
+    used in place of the weights. Tolerance: 1e-10 (float64).
+
+    Example:
+        >>> def my_jacobian(z):
+        ...     s = torch.softmax(z, -1)
+        ...     return torch.diag_embed(s) - s[..., :, None] * s[..., None, :]
+        >>> check_softmax_jacobian(my_jacobian)  # doctest: +ELLIPSIS
+        ✓ my_jacobian: ... (4 inputs, within 1e-10)
+    """
+    __tracebackhide__ = True
+    check(
+        fn,
+        _jacobian,
+        _jacobian_cases(),
+        what="the softmax Jacobian diag(s) - s sᵀ",
+        properties=[
+            Property(
+                "every row of the Jacobian must sum to 0 (adding a constant to every "
+                "score changes nothing)",
+                lambda out, z: out.sum(-1).abs() <= 1e-10,
+            ),
+        ],
+        mistakes=[
+            Mistake(
+                "only diag(s): subtract the outer product s sᵀ too",
+                _diag_only,
+            ),
+            Mistake(
+                "only -s sᵀ: add diag(s), the diagonal part",
+                _outer_only,
+            ),
+            Mistake(
+                "the sign is flipped: it is diag(s) - s sᵀ, positive on the diagonal",
+                _sign_flipped,
+            ),
+            Mistake(
+                "s_k (1 - s_k) belongs on the diagonal only; off it, entry (i, k) is "
+                "-s_i s_k",
+                _diagonal_formula_everywhere,
+            ),
+            Mistake(
+                "the scores z are used in place of the weights s = softmax(z)",
+                _of_the_scores,
+            ),
+            Mistake(
+                "torch.diag and torch.outer take one row: for a batch use "
+                "torch.diag_embed(s) and s[..., :, None] * s[..., None, :]",
+                _one_row_only,
             ),
         ],
     )
