@@ -49,7 +49,6 @@ NOT_YET_CONVERTED = {
     "02_softmax",
     "03_scaling",
     "04_masking",
-    "07_position",
     "08_cross_attention",
     "09_scoring_alignment",
     "10_linear_attention",
