@@ -140,7 +140,7 @@ def alibi_as_bloom_writes_it(num_heads, n):
 
 
 def my_llama3_frequencies(d, base, factor, low_freq_factor, high_freq_factor, original):
-    """Llama 3.1's RoPE frequencies: fast pairs kept, slow ones divided, a blend between."""
+    """Llama 3.1's RoPE frequencies: fast pairs kept, slow ones divided, a blend."""
     theta = base ** -(torch.arange(0, d, 2, dtype=F64) / d)
     turns = original * theta / (2 * math.pi)  # turns in the original context
     gamma = ((turns - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(
@@ -152,7 +152,7 @@ def my_llama3_frequencies(d, base, factor, low_freq_factor, high_freq_factor, or
 def my_llama3_frequencies_stub(
     d, base, factor, low_freq_factor, high_freq_factor, original
 ):
-    """Llama 3.1's RoPE frequencies: fast pairs kept, slow ones divided, a blend between."""
+    """Llama 3.1's RoPE frequencies: fast pairs kept, slow ones divided, a blend."""
     raise NotImplementedError("write your solution here")
 
 
