@@ -59,6 +59,8 @@ def test_the_layers_diagrams_are_listed():
         "split_merge_heads",
         "grouped_query_heads",
         "kv_cache_growth",
+        "position_schemes",
+        "rope_rotation",
     ):
         assert name in diagrams.__all__
 
@@ -132,3 +134,36 @@ def test_kv_cache_growth_prints_the_lengths_and_the_newest_querys_weights():
         assert texts[f"length{s}"].get_text() == f"cache length {length}/5"
         row = w[0, 0, length - 1, :length]  # the newest query, over the keys so far
         assert shown(fig, f"weights{s}", 1, length) == formatted(row[None], "{:.1f}")
+
+
+# =========================================================================== chapter 7
+
+
+def test_rope_rotation_prints_the_frequencies_and_draws_the_rotated_pairs():
+    d, base, m = 8, 100.0, 4
+    fig = diagrams.rope_rotation(d=d, base=base, position=m)
+    texts, lines = by_gid(fig), by_gid(fig, Line2D)
+    q = torch.randn(d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for k in range(d // 2):
+        theta = base ** (-2 * k / d)  # written out, not from the package
+        assert texts[f"theta[{k}]"].get_text() == f"θ = {theta:.2f}"
+        assert texts[f"angle[{k}]"].get_text() == f"{m}θ = {m * theta:.2f} rad"
+        period = f"turn: {2 * math.pi / theta:.0f} positions"
+        assert texts[f"period[{k}]"].get_text() == period
+        # the coloured vector points where a rotation by m theta takes the pair
+        x, y = float(q[2 * k]), float(q[2 * k + 1])
+        c, s = math.cos(m * theta), math.sin(m * theta)
+        expected = math.atan2(x * s + y * c, x * c - y * s)
+        for gid, angle in ((f"rotated[{k}]", expected), (f"start[{k}]", None)):
+            (x0, y0), (x1, y1) = lines[gid].get_xydata()
+            drawn = math.atan2(y1 - y0, x1 - x0)
+            want = math.atan2(y, x) if angle is None else angle
+            assert abs(math.remainder(drawn - want, 2 * math.pi)) < 1e-9, gid
+    with pytest.raises(ValueError, match="d = 8"):
+        diagrams.rope_rotation(d=6)
+
+
+def test_position_schemes_prints_alibis_bias_of_one_head():
+    fig = diagrams.position_schemes()
+    expected = [[f"{-abs(i - j) / 2:g}" for j in range(4)] for i in range(4)]
+    assert shown(fig, "bias", 4, 4) == expected

@@ -201,7 +201,7 @@ def test_bad_input_is_refused():
             k,
             v,
             chunk_size=2,
-            rope=RotaryConfig(scaling={"type": "yarn", "factor": 2.0}),
+            rope=RotaryConfig(scaling={"type": "longrope", "factor": 2.0}),
         )
     with pytest.raises(
         TypeError, match="rope must be a RotaryConfig or None, got dict"

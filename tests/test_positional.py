@@ -1,7 +1,8 @@
 """Tests for attention.layers.positional: each encoding against its formula in float64
 and against the implementations readers meet elsewhere (Hugging Face's Llama rotary code
 and T5's buckets, Meta's complex-number RoPE written out here, the ALiBi paper's slope
-rule), the relative property of RoPE as a property test, and the boundary errors."""
+rule; Llama 3.1's and YaRN's frequency scalings, Llama 4's and SmolLM3's NoPE layers),
+the relative property of RoPE as a property test, and the boundary errors."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from attention import (
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    nope_temperature,
     relative_position_bucket,
     rope_frequencies,
     sinusoidal_positions,
+    temperature_tuned_attention,
 )
 
 DT = torch.float64
@@ -417,7 +420,7 @@ def test_positions_of_the_wrong_shape_are_refused():
 
 def test_unknown_or_malformed_scaling_is_refused():
     with pytest.raises(ValueError, match="scaling type must be one of .*'yarn'"):
-        rope_frequencies(8, scaling={"type": "yarn", "factor": 2.0})
+        rope_frequencies(8, scaling={"type": "longrope", "factor": 2.0})
     with pytest.raises(TypeError, match="scaling must be a dict or None, got float"):
         apply_rope(torch.randn(3, 4), scaling=2.0)
     with pytest.raises(ValueError, match="needs a 'factor'"):
@@ -668,7 +671,7 @@ def test_rotary_config_is_validated_frozen_and_rotates_as_apply_rope():
     with pytest.raises(TypeError, match="scaling must be a dict or None"):
         RotaryConfig(scaling=2.0)
     with pytest.raises(ValueError, match="scaling type must be one of"):
-        RotaryConfig(scaling={"type": "yarn", "factor": 2.0})
+        RotaryConfig(scaling={"type": "dynamic", "factor": 2.0})
     with pytest.raises(ValueError, match="base must be finite and > 0, got nan"):
         RotaryConfig(base=math.nan)
 
@@ -691,3 +694,535 @@ def test_rotary_config_with_scaling_is_hashable_and_keeps_its_own_copy():
     assert torch.equal(
         rope.rotate(x), apply_rope(x, scaling={"type": "linear", "factor": 2.0})
     )
+
+
+# ---------------------------------------------------------------- Llama 3.1, YaRN, NoPE
+# transformers computes its RoPE frequencies in `torch.float` (float32). With that alias
+# pointed at float64 for the call, the same code runs in double precision, and ours must
+# equal it to 1e-10; unpatched, to float32's precision.
+
+
+def _hf_inv_freq(config, rope_type, monkeypatch, float64):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    with monkeypatch.context() as patch:
+        if float64:
+            patch.setattr(torch, "float", torch.float64)
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    assert inv_freq.dtype == (DT if float64 else torch.float32)
+    return inv_freq, attention_factor
+
+
+def _llama_config(head_dim, base, rope_parameters, **kw):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_bias=False,
+        rope_parameters={**rope_parameters, "rope_theta": base},
+        **kw,
+    )
+
+
+LLAMA3_CASES = [
+    # Llama 3.1's own: head size 128, base 500000, factor 8, bands 1 and 4, 8192 trained
+    (128, 500000.0, 8.0, 1.0, 4.0, 8192),
+    # the chapter's tiny model: 8 pairs, 32 trained positions
+    (16, 10000.0, 8.0, 1.0, 4.0, 32),
+    (64, 10000.0, 3.0, 2.0, 16.0, 256),
+]
+
+
+@pytest.mark.parametrize(
+    ("d", "base", "factor", "low", "high", "original"), LLAMA3_CASES
+)
+def test_llama3_frequencies_equal_transformers(
+    d, base, factor, low, high, original, monkeypatch
+):
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original,
+    }
+    config = _llama_config(d, base, scaling, max_position_embeddings=8 * original)
+    ours = rope_frequencies(d, base=base, scaling=scaling)
+    theirs64, factor64 = _hf_inv_freq(config, "llama3", monkeypatch, float64=True)
+    assert_close(ours, theirs64, atol=0, rtol=1e-12)
+    theirs32, _ = _hf_inv_freq(config, "llama3", monkeypatch, float64=False)
+    assert_close(ours, theirs32.to(DT), atol=0, rtol=1e-6)
+    assert factor64 == 1.0 == RotaryConfig(base=base, scaling=scaling).attention_factor
+    # three bands: fast pairs kept, slow pairs divided by the factor, a blend between
+    turns = original * rope_frequencies(d, base=base) / (2 * math.pi)
+    ratio = rope_frequencies(d, base=base) / ours
+    assert bool((ratio[turns >= high] == 1).all())
+    assert_close(ratio[turns <= low], torch.full_like(ratio[turns <= low], factor))
+    between = ratio[(turns > low) & (turns < high)]
+    assert bool(((between > 1) & (between < factor)).all())
+
+
+# yarn cases whose ramp spans 1, 2 or 4 pairs: transformers builds the ramp in float32,
+# exact for such widths, so the float64 run is exact too
+YARN_CASES = [
+    (16, 10000.0, 8.0, 32, {}),  # ramp over pairs 0..2
+    (16, 10000.0, 4.0, 4096, {}),  # ramp over pairs 2..6
+    (64, 500000.0, 16.0, 32, {"beta_fast": 32.0, "beta_slow": 1.0}),  # pairs 0..4
+    (16, 10000.0, 8.0, 32, {"attention_factor": 1.5}),  # a given attention factor
+    (16, 500000.0, 2.0, 64, {"beta_fast": 16.0, "beta_slow": 2.0}),
+]
+
+
+@pytest.mark.parametrize(("d", "base", "factor", "original", "extra"), YARN_CASES)
+def test_yarn_frequencies_and_attention_factor_equal_transformers(
+    d, base, factor, original, extra, monkeypatch
+):
+    scaling = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        **extra,
+    }
+    config = _llama_config(d, base, scaling, max_position_embeddings=8 * original)
+    ours = rope_frequencies(d, base=base, scaling=scaling)
+    theirs64, theirs_factor = _hf_inv_freq(config, "yarn", monkeypatch, float64=True)
+    assert_close(ours, theirs64, atol=0, rtol=1e-12)
+    theirs32, _ = _hf_inv_freq(config, "yarn", monkeypatch, float64=False)
+    assert_close(ours, theirs32.to(DT), atol=0, rtol=1e-6)
+    expected_factor = extra.get("attention_factor", 0.1 * math.log(factor) + 1)
+    rope = RotaryConfig(base=base, scaling=scaling)
+    assert rope.attention_factor == pytest.approx(theirs_factor, rel=1e-15, abs=0)
+    assert rope.attention_factor == pytest.approx(expected_factor, rel=1e-15, abs=0)
+
+
+def test_yarn_without_truncation_equals_transformers_to_float32_precision(monkeypatch):
+    # a fractional ramp: transformers' float32 ramp bounds what can be compared
+    scaling = {
+        "type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 64,
+        "truncate": False,
+    }
+    config = _llama_config(32, 10000.0, {**scaling, "rope_type": "yarn"})
+    config.rope_parameters.pop("type")
+    theirs, _ = _hf_inv_freq(config, "yarn", monkeypatch, float64=False)
+    ours = rope_frequencies(32, scaling=scaling)
+    assert_close(ours, theirs.to(DT), atol=0, rtol=1e-6)
+    truncated = rope_frequencies(32, scaling={**scaling, "truncate": True})
+    assert not torch.allclose(ours, truncated)  # the option does something
+
+
+def test_yarn_rotation_is_the_rotation_times_the_attention_factor():
+    x = _randn(2, 3, 7, 16, seed=21)
+    scaling = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32}
+    rope = RotaryConfig(scaling=scaling)
+    rotated = apply_rope(x, scaling=scaling)
+    assert torch.equal(rope.rotate(x), rotated)
+    norms = rotated.norm(dim=-1) / x.norm(dim=-1)
+    assert_close(
+        norms, torch.full_like(norms, rope.attention_factor), atol=1e-13, rtol=0
+    )
+    # so a score q . k is multiplied by the factor squared, and still relative
+    q, k = _randn(5, 16, seed=22), _randn(5, 16, seed=23)
+    positions = torch.arange(5)
+
+    def scores(p, scaling):
+        return apply_rope(q, p, scaling=scaling) @ apply_rope(k, p, scaling=scaling).T
+
+    no_factor = {**scaling, "attention_factor": 1.0}
+    assert_close(
+        scores(positions, scaling),
+        rope.attention_factor**2 * scores(positions, no_factor),
+        atol=1e-12,
+        rtol=0,
+    )
+    assert_close(
+        scores(positions + 300, scaling), scores(positions, scaling), atol=1e-10, rtol=0
+    )
+    # the frequencies do not depend on the attention factor
+    assert torch.equal(
+        rope_frequencies(16, scaling=scaling), rope_frequencies(16, scaling=no_factor)
+    )
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "original_max_position_embeddings": 32,
+        },
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ],
+    ids=["yarn", "llama3"],
+)
+def test_scaled_rope_multihead_attention_equals_llama_attention(scaling, monkeypatch):
+    """MultiHeadAttention(rope=RotaryConfig(scaling=...)) against LlamaAttention fed the
+    cos/sin its rotary class computes: in float64 (the float alias patched, as in
+    LlamaRotaryEmbedding: the angles of both halves, times attention_scaling) to 1e-10,
+    and from the class itself (float32 angles) to float32's precision."""
+    from transformers.models.llama.modeling_llama import (
+        LlamaAttention,
+        LlamaRotaryEmbedding,
+    )
+
+    base, n = 500.0, 40  # past 32: the scaled frequencies matter
+    config = _llama_config(
+        8, base, scaling, max_position_embeddings=256, attn_implementation="sdpa"
+    )
+    torch.manual_seed(0)
+    llama = LlamaAttention(config, layer_idx=0).to(DT).eval()
+    ours = MultiHeadAttention(
+        32,
+        4,
+        num_kv_heads=2,
+        bias=False,
+        rope=RotaryConfig(base=base, scaling=scaling),
+        dtype=DT,
+    ).eval()
+    with torch.no_grad():
+        for mine, theirs in (
+            ("w_query", "q_proj"),
+            ("w_key", "k_proj"),
+            ("w_value", "v_proj"),
+            ("w_out", "o_proj"),
+        ):
+            getattr(ours, mine).weight.copy_(getattr(llama, theirs).weight)
+    x = _randn(2, n, 32, seed=24)
+    position_ids = torch.arange(n)[None].expand(2, n)
+    with torch.no_grad():
+        out, _ = ours(x, x, x, is_causal=True)
+
+    inv_freq, attention_scaling = _hf_inv_freq(
+        config, scaling["rope_type"], monkeypatch, float64=True
+    )
+    angles = position_ids[..., None].to(DT) * inv_freq  # (b, n, d/2)
+    emb = torch.cat((angles, angles), dim=-1)
+    cos_sin = (emb.cos() * attention_scaling, emb.sin() * attention_scaling)
+    assert_close(
+        out, _llama_forward(llama, x, position_ids, cos_sin), atol=1e-10, rtol=0
+    )
+
+    rotary = LlamaRotaryEmbedding(config)
+    assert rotary.attention_scaling == ours.rope.attention_factor
+    theirs = _llama_forward(llama, x, position_ids, rotary(x, position_ids))
+    assert_close(out, theirs, atol=1e-5, rtol=0)
+
+
+def _llama4_text_config(**kw):
+    from transformers import Llama4TextConfig
+
+    return Llama4TextConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=4,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        vocab_size=50,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",  # Llama 4's eager softmax keeps the input dtype
+        **kw,
+    )
+
+
+def _copy_projections(ours, theirs):
+    with torch.no_grad():
+        for mine, name in (
+            ("w_query", "q_proj"),
+            ("w_key", "k_proj"),
+            ("w_value", "v_proj"),
+            ("w_out", "o_proj"),
+        ):
+            getattr(ours, mine).weight.copy_(getattr(theirs, name).weight)
+
+
+def _causal_float_mask(n):
+    visible = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.zeros(n, n, dtype=DT).masked_fill(~visible, -math.inf)[None, None]
+
+
+def test_nope_temperature_follows_the_formula_and_llama4_defaults():
+    config = _llama4_text_config()
+    assert (config.floor_scale, config.attn_scale) == (8192, 0.1)
+    # every fourth layer is a NoPE layer (0 in no_rope_layers), as in Llama 4
+    assert config.no_rope_layers == [1, 1, 1, 0]
+    positions = torch.tensor([0, 1, 8190, 8191, 16382, 16383, 10**6, 10**9])
+    expected = torch.tensor(
+        [1 + 0.1 * math.log1p(math.floor((p + 1) / 8192)) for p in positions.tolist()],
+        dtype=DT,
+    )
+    got = nope_temperature(positions)
+    assert got.dtype == DT
+    assert_close(got, expected, atol=1e-15, rtol=0)
+    assert got[:3].tolist() == [1.0, 1.0, 1.0]  # below floor_scale: no change
+    grid = torch.arange(12).reshape(3, 4)
+    assert_close(
+        nope_temperature(grid, floor_scale=3, attn_scale=0.5),
+        1 + 0.5 * torch.log1p(((grid + 1) // 3).to(DT)),
+        atol=1e-15,
+        rtol=0,
+    )
+
+
+def _llama4_nope_layer_and_ours(floor_scale, attn_scale, seed=0):
+    import functools
+
+    from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
+
+    config = _llama4_text_config(
+        floor_scale=floor_scale, attn_scale=attn_scale, use_qk_norm=False
+    )
+    torch.manual_seed(seed)
+    layer = Llama4TextAttention(config, layer_idx=3).to(DT).eval()
+    assert not layer.use_rope and layer.attn_temperature_tuning
+    kernel = functools.partial(
+        temperature_tuned_attention, floor_scale=floor_scale, attn_scale=attn_scale
+    )
+    ours = MultiHeadAttention(
+        32, 4, num_kv_heads=2, bias=False, attention_fn=kernel, dtype=DT
+    ).eval()
+    _copy_projections(ours, layer)
+    return layer, ours
+
+
+@pytest.mark.parametrize(
+    ("floor_scale", "attn_scale"), [(4, 0.1), (3, 0.7), (8192, 0.1)]
+)
+def test_temperature_tuned_attention_equals_a_llama4_nope_layer(
+    floor_scale, attn_scale, monkeypatch
+):
+    """A NoPE layer of Llama 4 (Llama4TextAttention at layer 3 of 4: no rotation, the
+    queries times the temperature) against MultiHeadAttention with no rope and
+    temperature_tuned_attention as its kernel. transformers computes the factors with a
+    float32 log1p: with log1p taken in float64 the two agree to 1e-10, as they are."""
+    layer, ours = _llama4_nope_layer_and_ours(floor_scale, attn_scale)
+    n = 23
+    x = _randn(2, n, 32, seed=31)
+    with torch.no_grad():
+        out, _ = ours(x, x, x, is_causal=True)
+        log1p = torch.log1p
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "log1p", lambda t: log1p(t.to(DT)))
+            theirs64, _ = layer(x, None, _causal_float_mask(n))
+        theirs32, _ = layer(x, None, _causal_float_mask(n))
+    assert_close(out, theirs64, atol=1e-10, rtol=0)
+    assert_close(out, theirs32, atol=1e-6, rtol=0)
+    # the temperature matters: without it the outputs differ (past floor_scale)
+    if floor_scale < n:
+        plain = MultiHeadAttention(32, 4, num_kv_heads=2, bias=False, dtype=DT).eval()
+        plain.load_state_dict(ours.state_dict())
+        with torch.no_grad():
+            assert not torch.allclose(plain(x, x, x, is_causal=True)[0], out)
+
+
+def test_temperature_tuned_attention_decodes_with_a_cache():
+    _, ours = _llama4_nope_layer_and_ours(4, 0.3)
+    x = _randn(1, 11, 32, seed=32)
+    with torch.inference_mode():
+        full, _ = ours(x, x, x, is_causal=True)
+        cache = ours.new_cache(batch_size=1, max_len=11)
+        pieces = [ours(x[:, :5], x[:, :5], x[:, :5], is_causal=True, cache=cache)[0]]
+        for t in range(5, 11):  # the query at position t gets the factor of t
+            step = x[:, t : t + 1]
+            pieces.append(ours(step, step, step, is_causal=True, cache=cache)[0])
+    assert_close(torch.cat(pieces, dim=1), full, atol=1e-12, rtol=0)
+
+
+def test_temperature_tuned_attention_is_sdpa_of_the_scaled_queries():
+    q, k, v = (
+        _randn(2, 4, 3, 6, seed=33),
+        _randn(2, 2, 9, 6, seed=34),
+        _randn(2, 2, 9, 5),
+    )
+    tau = nope_temperature(torch.arange(6, 9), floor_scale=2, attn_scale=0.4)  # last 3
+    mask = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.7
+    mask[:, -1] = True
+    got = temperature_tuned_attention(
+        q, k, v, attn_mask=mask, enable_gqa=True, floor_scale=2, attn_scale=0.4
+    )
+    expected = F.scaled_dot_product_attention(
+        q * tau[:, None], k, v, attn_mask=mask, enable_gqa=True
+    )
+    assert_close(got, expected, atol=1e-12, rtol=0)
+    # attn_scale = 0: plain attention
+    plain = temperature_tuned_attention(
+        q, k, v, is_causal=True, enable_gqa=True, attn_scale=0.0
+    )
+    assert_close(
+        plain,
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        atol=1e-12,
+        rtol=0,
+    )
+    half = temperature_tuned_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    assert half.dtype == torch.float32
+
+
+def test_smollm3_nope_and_rope_layers_equal_multihead_attention():
+    """SmolLM3 drops RoPE in every fourth layer (no temperature): its NoPE layer is
+    MultiHeadAttention without rope, its RoPE layers use rope=RotaryConfig(base=...)."""
+    from transformers import SmolLM3Config
+    from transformers.models.smollm3.modeling_smollm3 import SmolLM3Attention
+
+    config = SmolLM3Config(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=8,
+        intermediate_size=64,
+        vocab_size=50,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="sdpa",  # the eager path takes its softmax in float32
+    )
+    assert config.no_rope_layers == [1, 1, 1, 0, 1, 1, 1, 0]
+    base = config.rope_parameters["rope_theta"]
+    assert base == 2_000_000.0
+    n = 13
+    x = _randn(2, n, 32, seed=35)
+    position_ids = torch.arange(n)[None].expand(2, n)
+    cos_sin = _float64_cos_sin(position_ids, 8, base)
+    for layer_idx, rope in ((3, None), (0, RotaryConfig(base=base))):
+        torch.manual_seed(layer_idx)
+        layer = SmolLM3Attention(config, layer_idx=layer_idx).to(DT).eval()
+        assert bool(layer.use_rope) == (rope is not None)
+        ours = MultiHeadAttention(
+            32, 4, num_kv_heads=2, bias=False, rope=rope, dtype=DT
+        ).eval()
+        _copy_projections(ours, layer)
+        with torch.no_grad():
+            theirs, _ = layer(x, cos_sin, _causal_float_mask(n))
+            out, _ = ours(x, x, x, is_causal=True)
+        assert_close(out, theirs, atol=1e-10, rtol=0)
+
+
+def test_llama4_rope_layer_with_llama3_scaling_equals_interleaved_rope():
+    """A RoPE layer of Llama 4 (Meta's complex-number form: interleaved pairs, its
+    llama3 frequency scaling). Llama 4 rotates in float32 whatever the input dtype, so
+    float32's precision is what can be compared."""
+    from transformers.models.llama4.modeling_llama4 import (
+        Llama4TextAttention,
+        Llama4TextRotaryEmbedding,
+    )
+
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 16.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    config = _llama4_text_config(
+        use_qk_norm=False,
+        rope_parameters={**scaling, "rope_theta": 500000.0},
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    layer = Llama4TextAttention(config, layer_idx=0).to(DT).eval()
+    assert layer.use_rope
+    ours = MultiHeadAttention(
+        32,
+        4,
+        num_kv_heads=2,
+        bias=False,
+        rope=RotaryConfig(base=500000.0, interleaved=True, scaling=scaling),
+        dtype=DT,
+    ).eval()
+    _copy_projections(ours, layer)
+    n = 40
+    x = _randn(1, n, 32, seed=36)
+    freqs_cis = Llama4TextRotaryEmbedding(config)(x, torch.arange(n)[None])
+    with torch.no_grad():
+        theirs, _ = layer(x, freqs_cis, _causal_float_mask(n))
+        out, _ = ours(x, x, x, is_causal=True)
+    assert_close(out, theirs, atol=1e-5, rtol=0)
+    half_split = MultiHeadAttention(
+        32,
+        4,
+        num_kv_heads=2,
+        bias=False,
+        rope=RotaryConfig(base=500000.0, scaling=scaling),
+        dtype=DT,
+    ).eval()
+    half_split.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(
+            half_split(x, x, x, is_causal=True)[0], theirs, atol=1e-3
+        )
+
+
+def test_new_scalings_and_temperatures_refuse_bad_input():
+    llama3 = {
+        "type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    with pytest.raises(ValueError, match="needs 'low_freq_factor'"):
+        rope_frequencies(
+            8,
+            scaling={
+                "type": "llama3",
+                "factor": 8.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8,
+            },
+        )
+    with pytest.raises(ValueError, match="high_freq_factor'\\] must exceed"):
+        rope_frequencies(8, scaling={**llama3, "high_freq_factor": 1.0})
+    with pytest.raises(ValueError, match="low_freq_factor'\\] must be finite and > 0"):
+        RotaryConfig(scaling={**llama3, "low_freq_factor": -1.0})
+    with pytest.raises(
+        TypeError, match="original_max_position_embeddings'\\] must be an int"
+    ):
+        rope_frequencies(
+            8, scaling={**llama3, "original_max_position_embeddings": 8192.0}
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"accepts the keys .*'beta_fast'.*got \['high_freq_factor', 'low_f",
+    ):
+        rope_frequencies(8, scaling={**llama3, "type": "yarn"})
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    with pytest.raises(ValueError, match="needs 'original_max_position_embeddings'"):
+        RotaryConfig(scaling={"type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="beta_fast'\\] must exceed"):
+        rope_frequencies(8, scaling={**yarn, "beta_fast": 1.0, "beta_slow": 2.0})
+    with pytest.raises(ValueError, match="attention_factor'\\] must be finite and > 0"):
+        RotaryConfig(scaling={**yarn, "attention_factor": 0.0})
+    with pytest.raises(TypeError, match="truncate'\\] must be a bool"):
+        rope_frequencies(8, scaling={**yarn, "truncate": 1})
+    with pytest.raises(ValueError, match=r"YaRN scaling needs base > 1 .*, got 1.0"):
+        RotaryConfig(base=1.0, scaling=yarn)
+    with pytest.raises(ValueError, match="give the base as base="):
+        rope_frequencies(8, scaling={**yarn, "rope_theta": 10000.0})
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        nope_temperature(torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="positions must be >= 0, got a minimum of -1"):
+        nope_temperature(torch.tensor([-1, 3]))
+    with pytest.raises(ValueError, match="floor_scale must be >= 1, got 0"):
+        nope_temperature(torch.tensor([1]), floor_scale=0)
+    with pytest.raises(ValueError, match="attn_scale must be finite, got inf"):
+        nope_temperature(torch.tensor([1]), attn_scale=math.inf)
+    q = torch.randn(1, 5, 4)
+    with pytest.raises(ValueError, match="i <= j is needed, got i=5 and j=3"):
+        temperature_tuned_attention(q, torch.randn(1, 3, 4), torch.randn(1, 3, 4))
+    with pytest.raises(ValueError, match="not together with|both"):
+        temperature_tuned_attention(
+            q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool), is_causal=True
+        )

@@ -60,6 +60,8 @@ from .layers.positional import (
     alibi_slopes,
     alibi_bias,
     relative_position_bucket,
+    nope_temperature,
+    temperature_tuned_attention,
 )
 from .layers.dual_chunk import dual_chunk_positions, dual_chunk_attention
 from .layers.cross_attention import CrossAttention
@@ -191,6 +193,8 @@ __all__ = [
     "alibi_slopes",
     "alibi_bias",
     "relative_position_bucket",
+    "nope_temperature",
+    "temperature_tuned_attention",
     "dual_chunk_positions",
     "dual_chunk_attention",
     "CrossAttention",

@@ -9,6 +9,7 @@ validate once at their boundary and then rotate with :func:`rope_rotate`. Shapes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import overload
@@ -26,7 +27,28 @@ from ._checks import (
     check_tensor,
 )
 
-_SCALING_TYPES = ("linear", "ntk")
+_SCALING_TYPES = ("linear", "ntk", "llama3", "yarn")
+
+# the keys a scaling type takes besides 'type' (or 'rope_type') and 'factor', in the
+# order of the normalised tuple; a default of _REQUIRED means the key must be given.
+# Names and defaults are transformers' (its rope_parameters), so a config's dict fits.
+_REQUIRED = object()
+_SCALING_KEYS = {
+    "linear": {},
+    "ntk": {},
+    "llama3": {
+        "low_freq_factor": _REQUIRED,
+        "high_freq_factor": _REQUIRED,
+        "original_max_position_embeddings": _REQUIRED,
+    },
+    "yarn": {
+        "original_max_position_embeddings": _REQUIRED,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "attention_factor": None,
+        "truncate": True,
+    },
+}
 
 
 # ------------------------------------------------------------------ boundary checks
@@ -53,17 +75,15 @@ def check_float_dtype(dtype) -> torch.dtype:
     return check_dtype("dtype", dtype, floating=True)
 
 
-def check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
-    """Normalise a ``scaling`` dict to ``(type, factor)``; None stays None."""
+def check_scaling(scaling, d: int | None, base: float | None = None) -> tuple | None:
+    """Normalise a ``scaling`` dict to ``(type, factor)`` (linear, ntk) or
+    ``(type, factor, options)`` (llama3, yarn: the options of :data:`_SCALING_KEYS` in
+    their order, defaults filled in); None stays None. ``d`` and ``base`` (None: not
+    known yet) are checked against the type where it matters."""
     if scaling is None:
         return None
     if not isinstance(scaling, Mapping):
         raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
-    unknown = set(scaling) - {"type", "rope_type", "factor"}
-    if unknown:
-        raise ValueError(
-            f"scaling accepts the keys 'type' (or 'rope_type') and 'factor', got {sorted(unknown)}"
-        )
     if (
         "type" in scaling
         and "rope_type" in scaling
@@ -76,6 +96,15 @@ def check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind not in _SCALING_TYPES:
         raise ValueError(f"scaling type must be one of {_SCALING_TYPES}, got {kind!r}")
+    options = _SCALING_KEYS[kind]
+    unknown = set(scaling) - {"type", "rope_type", "factor", *options}
+    if unknown:
+        extra = "".join(f", {key!r}" for key in options)
+        raise ValueError(
+            f"scaling of type {kind!r} accepts the keys 'type' (or 'rope_type'), "
+            f"'factor'{extra}; got {sorted(unknown)}"
+            + (" (give the base as base=...)" if "rope_theta" in unknown else "")
+        )
     if "factor" not in scaling:
         raise ValueError(f"scaling of type {kind!r} needs a 'factor'")
     factor = check_positive("scaling['factor']", scaling["factor"])
@@ -83,7 +112,52 @@ def check_scaling(scaling, d: int | None) -> tuple[str, float] | None:
         raise ValueError(
             "NTK scaling needs d >= 4: its exponent d / (d - 2) is undefined for d = 2"
         )
-    return kind, float(factor)
+    if kind == "yarn" and base is not None and base <= 1:
+        raise ValueError(
+            f"YaRN scaling needs base > 1 (it places pairs by log(base)), got {base}"
+        )
+    if not options:
+        return kind, float(factor)
+    missing = [key for key, default in options.items() if default is _REQUIRED]
+    missing = [key for key in missing if key not in scaling]
+    if missing:
+        raise ValueError(
+            f"scaling of type {kind!r} needs {', '.join(map(repr, missing))}"
+        )
+    given = {key: scaling.get(key, default) for key, default in options.items()}
+    return kind, float(factor), _check_scaling_options(kind, given)
+
+
+def _check_scaling_options(kind: str, given: dict) -> tuple:
+    """The options of a llama3 or yarn scaling, checked, in _SCALING_KEYS order."""
+    original = check_int(
+        "scaling['original_max_position_embeddings']",
+        given["original_max_position_embeddings"],
+        minimum=1,
+    )
+    if kind == "llama3":
+        low = check_positive("scaling['low_freq_factor']", given["low_freq_factor"])
+        high = check_positive("scaling['high_freq_factor']", given["high_freq_factor"])
+        if high <= low:
+            raise ValueError(
+                "scaling['high_freq_factor'] must exceed scaling['low_freq_factor'] "
+                f"(the smooth band lies between them), got {high} and {low}"
+            )
+        return low, high, original
+    fast = check_positive("scaling['beta_fast']", given["beta_fast"])
+    slow = check_positive("scaling['beta_slow']", given["beta_slow"])
+    if fast <= slow:
+        raise ValueError(
+            "scaling['beta_fast'] must exceed scaling['beta_slow'] (turns in the "
+            f"original context: fast pairs make more), got {fast} and {slow}"
+        )
+    attention_factor = given["attention_factor"]
+    if attention_factor is not None:
+        attention_factor = check_positive(
+            "scaling['attention_factor']", attention_factor
+        )
+    truncate = check_bool("scaling['truncate']", given["truncate"])
+    return original, fast, slow, attention_factor, truncate
 
 
 def check_positions(
@@ -114,9 +188,7 @@ def check_positions(
 # ------------------------------------------------------------------ unchecked cores
 
 
-def inv_freq(
-    d: int, base: float, scaling: tuple[str, float] | None, device=None
-) -> Tensor:
+def inv_freq(d: int, base: float, scaling: tuple | None, device=None) -> Tensor:
     """``(d/2,)`` float64 inverse frequencies ``base^(-2k/d)``, after ``scaling``."""
     if scaling is not None and scaling[0] == "ntk":
         base = base * scaling[1] ** (d / (d - 2))
@@ -124,7 +196,68 @@ def inv_freq(
     inv_freq = base**-exponents  # (d/2,)
     if scaling is not None and scaling[0] == "linear":
         inv_freq = inv_freq / scaling[1]
+    if scaling is not None and scaling[0] == "llama3":
+        inv_freq = _llama3_inv_freq(inv_freq, scaling[1], *scaling[2])
+    if scaling is not None and scaling[0] == "yarn":
+        original, fast, slow, _, truncate = scaling[2]
+        inv_freq = _yarn_inv_freq(
+            inv_freq, d, base, scaling[1], original, fast, slow, truncate
+        )
     return inv_freq
+
+
+def _llama3_inv_freq(
+    inv_freq: Tensor, factor: float, low: float, high: float, original: int
+) -> Tensor:
+    """Llama 3.1's scaling: keep the pairs whose wavelength is under
+    ``original / high``, divide those over ``original / low`` by ``factor``, blend
+    linearly in between (in ``original / wavelength``, the turns a pair makes in the
+    original context)."""
+    turns = original * inv_freq / (2 * math.pi)  # (d/2,) turns in `original` positions
+    smooth = ((turns - low) / (high - low)).clamp(0.0, 1.0)  # 0: slow pair, 1: fast
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def _yarn_inv_freq(
+    inv_freq: Tensor,
+    d: int,
+    base: float,
+    factor: float,
+    original: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool,
+) -> Tensor:
+    """YaRN's "NTK-by-parts" (Peng et al., 2024) as transformers computes it: keep the
+    pairs that turn more than ``beta_fast`` times in the original context, divide those
+    turning fewer than ``beta_slow`` times by ``factor``, and ramp linearly in the pair
+    index in between (the ends rounded outwards to whole pairs when ``truncate``)."""
+
+    def pair_making(turns: float) -> float:
+        # the (fractional) pair index k whose period 2 pi base^(2k/d) fits `turns` times
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_making(beta_fast), pair_making(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:  # transformers' guard against a zero-width ramp
+        high += 0.001
+    k = torch.arange(len(inv_freq), dtype=torch.float64, device=inv_freq.device)
+    ramp = ((k - low) / (high - low)).clamp(0.0, 1.0)  # 0: kept, 1: divided by factor
+    return ramp * inv_freq / factor + (1 - ramp) * inv_freq
+
+
+def _attention_factor(scaling: tuple | None) -> float:
+    """YaRN's factor on cos and sin (so ``q . k`` grows by its square): the given
+    ``attention_factor``, else ``0.1 ln(factor) + 1`` (1 for a factor <= 1); 1 for every
+    other scaling."""
+    if scaling is None or scaling[0] != "yarn":
+        return 1.0
+    factor, attention_factor = scaling[1], scaling[2][3]
+    if attention_factor is not None:
+        return attention_factor
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
@@ -144,13 +277,18 @@ def rope_rotate(
     positions: Tensor,
     base: float,
     interleaved: bool,
-    scaling: tuple[str, float] | None,
+    scaling: tuple | None,
 ) -> Tensor:
-    """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype."""
+    """Unchecked core of :func:`apply_rope`: float64 angles, cos/sin in ``x``'s dtype
+    (times YaRN's attention factor under a yarn scaling, as transformers applies it)."""
     angles = positions.to(torch.float64)[..., None] * inv_freq(
         x.shape[-1], base, scaling, x.device
     )
-    return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+    cos, sin = angles.cos(), angles.sin()
+    factor = _attention_factor(scaling)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return _rotate(x, cos.to(x.dtype), sin.to(x.dtype), interleaved)
 
 
 def rotate(x, positions, base, interleaved, scaling) -> Tensor:
@@ -159,7 +297,7 @@ def rotate(x, positions, base, interleaved, scaling) -> Tensor:
     d = check_feature_size(x.shape[-1], "the last dimension d of x")
     base = check_base(base)
     check_bool("interleaved", interleaved)
-    scaling = check_scaling(scaling, d)
+    scaling = check_scaling(scaling, d, base)
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)  # (n,)
     else:
@@ -207,9 +345,11 @@ class RotaryConfig:
             Llama 2, 500000 in Llama 3); finite and > 0.
         interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
             ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's, DeepSeek's layout).
-        scaling: None, ``{"type": "linear", "factor": s}`` or ``{"type": "ntk", "factor": s}``
-            (see :func:`attention.rope_frequencies`). Stored as a read-only copy that
-            reads and compares like the dict and is hashable, so the config is too.
+        scaling: None or a dict of type ``"linear"``, ``"ntk"``, ``"llama3"`` (Llama
+            3.1) or ``"yarn"`` (see :func:`attention.rope_frequencies`); a yarn scaling
+            also multiplies cos and sin by :attr:`attention_factor` (as transformers
+            does). Stored as a read-only copy that reads and compares like the dict and
+            is hashable, so the config is too.
 
     Example:
         >>> from attention import RotaryConfig, apply_rope
@@ -217,6 +357,10 @@ class RotaryConfig:
         >>> x = torch.randn(2, 5, 8)
         >>> torch.equal(rope.rotate(x), apply_rope(x, base=500000.0))
         True
+        >>> yarn = {"type": "yarn", "factor": 4.0,
+        ...         "original_max_position_embeddings": 64}
+        >>> round(RotaryConfig(scaling=yarn).attention_factor, 4)  # 0.1 ln 4 + 1
+        1.1386
     """
 
     base: float = 10000.0
@@ -226,13 +370,21 @@ class RotaryConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "base", check_base(self.base))
         check_bool("interleaved", self.interleaved)
-        check_scaling(self.scaling, None)
+        check_scaling(self.scaling, None, self.base)
         if self.scaling is not None:  # a frozen copy: the config cannot change under us
             object.__setattr__(self, "scaling", _FrozenScaling(self.scaling))
 
     def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """:func:`attention.apply_rope` of ``x`` ``(..., n, d)`` with these options."""
         return rotate(x, positions, self.base, self.interleaved, self.scaling)
+
+    @property
+    def attention_factor(self) -> float:
+        """What the rotation multiplies cos and sin by: YaRN's ``attention_factor``
+        (given, else ``0.1 ln(factor) + 1``), so every score ``q . k`` is multiplied by
+        its square; 1.0 for every other scaling (transformers'
+        ``attention_scaling``)."""
+        return _attention_factor(check_scaling(self.scaling, None, self.base))
 
 
 @overload

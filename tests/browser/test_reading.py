@@ -77,7 +77,7 @@ def columns(line: str) -> int:
 # --- Outputs: one stream block per cell -----------------------------------------------
 # Cells that print a line beside their progress bar (stdout and stderr blocks); the
 # chapters move the printed result to the next cell (CONVENTIONS, "Progress bars").
-TWO_STREAMS = {"position", "cross_attention", "scoring_alignment"}
+TWO_STREAMS = {"cross_attention", "scoring_alignment"}
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,16 @@ one of the ways the chapter compares:
   positions. Both feature layouts are supported: pairs ``(k, k + d/2)`` as in Hugging
   Face's Llama (``interleaved=False``) and pairs ``(2k, 2k+1)`` as in RoFormer and Meta's
   complex-number form (``interleaved=True``). The ``scaling`` dict stretches the
-  frequencies at inference (position interpolation, NTK-aware scaling).
+  frequencies at inference (position interpolation, NTK-aware scaling, Llama 3.1's
+  scaling and YaRN, with YaRN's attention factor).
 * :func:`alibi_slopes` and :func:`alibi_bias`: ALiBi (Press et al., 2022), a per-head
   penalty proportional to the distance, passed to attention as a float mask.
 * :func:`relative_position_bucket`: T5's map from a distance to one of a few learned
   biases (Raffel et al., 2020).
+* :func:`nope_temperature` and :func:`temperature_tuned_attention`: no position at all
+  (NoPE) in some layers, as in Llama 4 and SmolLM3, with Llama 4's attention
+  temperature: the queries of a NoPE layer are multiplied by a factor that grows with
+  the logarithm of their position.
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``n`` sequence length when ``i = j``, ``d`` feature size.
@@ -36,7 +41,14 @@ import math
 import torch
 from torch import Tensor
 
-from .._checks import check_bool, check_device, check_int, check_tensor
+from .._checks import (
+    check_bool,
+    check_device,
+    check_int,
+    check_real,
+    check_tensor,
+    validate_attention,
+)
 from .._rope import (  # noqa: F401  (kept importable here)
     RotaryConfig,
     check_base,
@@ -48,6 +60,7 @@ from .._rope import (  # noqa: F401  (kept importable here)
     rope_rotate,
     rotate,
 )
+from ..foundations.scaled_dot_product import scaled_dot_product_attention
 
 __all__ = [
     "sinusoidal_positions",
@@ -57,6 +70,8 @@ __all__ = [
     "alibi_slopes",
     "alibi_bias",
     "relative_position_bucket",
+    "nope_temperature",
+    "temperature_tuned_attention",
 ]
 
 # defined next to the rotation it configures (no import cycle), documented here
@@ -131,13 +146,30 @@ def rope_frequencies(
       :math:`\theta_k / s`, as if every position were divided by ``s``;
     * ``{"type": "ntk", "factor": s}``: static NTK-aware scaling, a larger base,
       :math:`(\text{base} \cdot s^{d/(d-2)})^{-2k/d}`: the fastest pair is unchanged and
-      the slowest is divided by ``s``.
+      the slowest is divided by ``s``;
+    * ``{"type": "llama3", "factor": s, "low_freq_factor": a, "high_freq_factor": b,
+      "original_max_position_embeddings": L}`` (Llama 3.1: ``s = 8, a = 1, b = 4,
+      L = 8192``): with :math:`t_k = L\,\theta_k / 2\pi` the turns pair ``k`` makes in
+      ``L`` positions, pairs with :math:`t_k \ge b` are kept, pairs with
+      :math:`t_k \le a` divided by ``s``, and in between
+      :math:`\theta_k \big((1 - \gamma)/s + \gamma\big)` with
+      :math:`\gamma = (t_k - a)/(b - a)`;
+    * ``{"type": "yarn", "factor": s, "original_max_position_embeddings": L}`` with the
+      optional ``beta_fast`` (32), ``beta_slow`` (1), ``attention_factor`` and
+      ``truncate`` (True): YaRN's "NTK-by-parts" (Peng et al., 2024). Pairs turning
+      more than ``beta_fast`` times in ``L`` positions are kept, pairs turning fewer
+      than ``beta_slow`` times are divided by ``s``, and a linear ramp in the pair index
+      joins them (its ends rounded outwards to whole pairs when ``truncate``). YaRN also
+      multiplies cos and sin by an attention factor, ``0.1 ln s + 1`` unless given
+      (:attr:`RotaryConfig.attention_factor`); :func:`apply_rope` applies it.
 
-    ``"rope_type"`` is accepted as an alias of ``"type"``, as in Hugging Face configs.
+    The llama3 and yarn rules, names and defaults are those of transformers'
+    ``ROPE_INIT_FUNCTIONS`` (``rope_parameters`` without ``rope_theta``: the base is
+    ``base``). ``"rope_type"`` is accepted as an alias of ``"type"``.
 
     Args:
         d: head size, even.
-        base: :math:`\theta_0 / \theta_{d/2-1}` spans about ``base``.
+        base: :math:`\theta_0 / \theta_{d/2-1}` spans about ``base`` (> 1 for yarn).
         scaling: None or a dict as above.
 
     Returns:
@@ -149,10 +181,15 @@ def rope_frequencies(
         [1.0, 0.01]
         >>> rope_frequencies(4, scaling={"type": "linear", "factor": 2.0}).tolist()
         [0.5, 0.005]
+        >>> llama31 = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        ...            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        >>> (rope_frequencies(4) / rope_frequencies(4, scaling=llama31)).tolist()
+        [1.0, 8.0]
     """
     d = check_feature_size(d)
     base = check_base(base)
-    return inv_freq(d, base, check_scaling(scaling, d))
+    scaling = check_scaling(scaling, d, base)
+    return inv_freq(d, base, scaling)
 
 
 def apply_rope(
@@ -185,8 +222,10 @@ def apply_rope(
             ``rotate_half``, used by Llama checkpoints there); True pairs ``2k`` with
             ``2k+1`` (RoFormer, Meta's complex-number code). The two differ by a fixed
             permutation of the features.
-        scaling: None, ``{"type": "linear", "factor": s}`` or ``{"type": "ntk", "factor": s}``;
-            see :func:`rope_frequencies`.
+        scaling: None or a dict of type ``"linear"``, ``"ntk"``, ``"llama3"`` or
+            ``"yarn"``; see :func:`rope_frequencies`. Under ``"yarn"`` the cosines and
+            sines are multiplied by its attention factor (as in transformers), so the
+            result is a rotation times that factor and ``q . k`` grows by its square.
 
     Returns:
         The rotated ``x``: same shape and dtype. The angles are computed in float64; their
@@ -338,3 +377,124 @@ def relative_position_bucket(
     )
     large = (exact + log_bucket).clamp(max=per_side - 1)
     return offset + torch.where(distance < exact, distance, large)
+
+
+def _check_temperature_options(floor_scale, attn_scale) -> tuple[int, float]:
+    floor_scale = check_int("floor_scale", floor_scale, minimum=1)
+    attn_scale = check_real("attn_scale", attn_scale)
+    if not math.isfinite(attn_scale):
+        raise ValueError(f"attn_scale must be finite, got {attn_scale}")
+    return floor_scale, attn_scale
+
+
+def _temperature(positions: Tensor, floor_scale: int, attn_scale: float) -> Tensor:
+    """Unchecked core of :func:`nope_temperature` (positions >= 0, integers)."""
+    steps = torch.div(positions + 1, floor_scale, rounding_mode="floor")  # exact ints
+    return 1.0 + attn_scale * torch.log1p(steps.to(torch.float64))
+
+
+def nope_temperature(
+    positions: Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1
+) -> Tensor:
+    r"""Llama 4's attention temperature: the factor on the query at each position.
+
+    .. math::
+        \tau_p = 1 + \text{attn\_scale} \cdot
+        \ln\!\Big(1 + \Big\lfloor \frac{p + 1}{\text{floor\_scale}} \Big\rfloor\Big)
+
+    Llama 4 leaves out RoPE in every fourth layer (a NoPE layer) and multiplies the
+    queries of those layers by :math:`\tau_p` (Hugging Face's
+    ``Llama4TextAttention``, ``attn_temperature_tuning``). Every score of the query at
+    position ``p`` is multiplied by :math:`\tau_p`: the softmax sharpens as the number
+    of visible keys grows, like the log-n scaling of chapter 3, but in steps of
+    ``floor_scale`` positions (1 for the first ``floor_scale - 1``).
+
+    Args:
+        positions: integer tensor of positions ``>= 0``, any shape.
+        floor_scale: the step, in positions (8192 in Llama 4); an int >= 1.
+        attn_scale: the strength (0.1 in Llama 4); finite (0 turns the tuning off).
+
+    Returns:
+        float64 factors, the shape of ``positions``.
+
+    Example:
+        >>> nope_temperature(torch.tensor([0, 8190, 8191, 10**6])).tolist()[:3]
+        [1.0, 1.0, 1.0693147180559945]
+    """
+    check_tensor("positions", positions)
+    if (
+        positions.is_floating_point()
+        or positions.is_complex()
+        or positions.dtype == torch.bool
+    ):
+        raise TypeError(
+            "positions must be an integer tensor (token indices), got "
+            f"{positions.dtype}"
+        )
+    floor_scale, attn_scale = _check_temperature_options(floor_scale, attn_scale)
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(
+            f"positions must be >= 0, got a minimum of {int(positions.min())}"
+        )
+    return _temperature(positions.to(torch.int64), floor_scale, attn_scale)
+
+
+def temperature_tuned_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    floor_scale: int = 8192,
+    attn_scale: float = 0.1,
+) -> Tensor:
+    r"""Attention of a NoPE layer with Llama 4's temperature tuning: each query times
+    :func:`nope_temperature` of its position, then scaled dot-product attention.
+
+    The ``i`` queries sit at the last ``i`` of the ``j`` key positions (row ``r`` at
+    ``j - i + r``), as in self-attention and in decoding with a cache. A kernel on the
+    package's contract, so a whole NoPE layer of Llama 4 is
+    ``MultiHeadAttention(..., attention_fn=kernel)`` with no ``rope``, where ``kernel =
+    functools.partial(temperature_tuned_attention, floor_scale=8192, attn_scale=0.1)``.
+
+    Args:
+        query: ``(..., h, i, d)``.
+        key: ``(..., h_kv, j, d)``, ``j >= i``.
+        value: ``(..., h_kv, j, e)``.
+        attn_mask: boolean (**True = may attend**) or float (added to the scores),
+            broadcastable to ``(..., h, i, j)``.
+        is_causal: top-left causal mask (as in PyTorch); not with ``attn_mask``.
+        scale: multiplies the scores; default :math:`1/\sqrt{d}`.
+        enable_gqa: ``h`` a multiple of ``h_kv``.
+        floor_scale, attn_scale: see :func:`nope_temperature`.
+
+    Returns:
+        ``(..., h, i, e)``. The factors are computed in float64 and applied in the
+        query's dtype (float32 at least), as transformers applies them.
+
+    Example:
+        >>> q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
+        >>> out = temperature_tuned_attention(q, k, v, is_causal=True, floor_scale=2)
+        >>> tau = nope_temperature(torch.arange(5), floor_scale=2).float()
+        >>> plain = scaled_dot_product_attention(q * tau[:, None], k, v, is_causal=True)
+        >>> torch.allclose(out, plain)
+        True
+    """
+    validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    floor_scale, attn_scale = _check_temperature_options(floor_scale, attn_scale)
+    i, j = query.shape[-2], key.shape[-2]
+    if i > j:
+        raise ValueError(
+            "the i queries are the last i of the j key positions, so i <= j is needed, "
+            f"got i={i} and j={j}"
+        )
+    positions = torch.arange(j - i, j, device=query.device)  # (i,)
+    tau = _temperature(positions, floor_scale, attn_scale)[:, None]  # (i, 1)
+    wide = torch.promote_types(query.dtype, torch.float32)
+    query = (query.to(wide) * tau.to(wide)).to(query.dtype)
+    return scaled_dot_product_attention(
+        query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa
+    )

@@ -1,10 +1,11 @@
-"""Diagrams of the Attention layers part (chapters 5-9): order, heads, caches.
+"""Diagrams of the Attention layers part (chapters 5-9): order, heads, caches, position.
 
 Each function returns a matplotlib Figure drawn with :mod:`._draw`; a chapter shows it
 in a cell tagged ``diagram`` and ``remove-input``. Every number and shape printed in a
 diagram is computed by the package on a tiny seeded example (``SelfAttention``,
 ``split_heads``, ``merge_heads``, ``scaled_dot_product_attention``,
-``MultiHeadAttention`` with its ``KVCache``, ``kv_cache_bytes_per_token``), so the
+``MultiHeadAttention`` with its ``KVCache``, ``kv_cache_bytes_per_token``,
+``rope_frequencies``, ``apply_rope``, ``alibi_bias``), so the
 picture cannot drift from the mechanism it shows; each such text carries a ``gid``
 naming what it shows (``weights[r,c]``, ``shape:heads`` ...) for the tests.
 
@@ -17,13 +18,17 @@ in ``torch.nn.functional.scaled_dot_product_attention``.
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.colors import Normalize
+from matplotlib.patches import Arc, Circle, FancyArrowPatch
 
 from ...foundations.scaled_dot_product import scaled_dot_product_attention
 from ...layers.kv_cache import kv_cache_bytes_per_token
 from ...layers.multihead import MultiHeadAttention, merge_heads, split_heads
+from ...layers.positional import alibi_bias, apply_rope, rope_frequencies
 from ...layers.self_attention import SelfAttention
 from . import _draw as draw
 
@@ -32,6 +37,8 @@ __all__ = [
     "split_merge_heads",
     "grouped_query_heads",
     "kv_cache_growth",
+    "position_schemes",
+    "rope_rotation",
 ]
 
 #: Colours that tell tokens (or heads) apart, the Okabe-Ito hues not used by ROLE.
@@ -521,5 +528,287 @@ def kv_cache_growth():
         (3.6, 0.25),
         "dark: appended by this call; light: kept from earlier calls, never recomputed",
         size=draw.SMALL,
+    )
+    return fig
+
+
+# =========================================================================== chapter 7
+# Position: where position enters attention; RoPE as a rotation of feature pairs.
+
+#: One colour per feature pair (Okabe-Ito, distinct from nothing else in the figure).
+_PAIR_COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7")
+
+
+def _vector(ax, centre, tip, colour, *, gid=None, lw=1.8, zorder=3):
+    """An arrow from ``centre`` to ``tip``; its shaft is a line with ``gid`` (tests
+    read its end point back)."""
+    (line,) = ax.plot(
+        [centre[0], tip[0]],
+        [centre[1], tip[1]],
+        color=colour,
+        lw=lw,
+        solid_capstyle="butt",
+        zorder=zorder,
+    )
+    if gid is not None:
+        line.set_gid(gid)
+    ax.add_patch(
+        FancyArrowPatch(
+            centre,
+            tip,
+            arrowstyle="-|>",
+            mutation_scale=11,
+            lw=0,
+            color=colour,
+            shrinkA=0,
+            shrinkB=0,
+            zorder=zorder,
+        )
+    )
+
+
+def rope_rotation(d: int = 8, base: float = 100.0, position: int = 4):
+    """RoPE: the features of a query come in pairs, and pair ``k`` turns by
+    ``position * theta_k``, each pair at its own frequency.
+
+    Left, a query of ``d`` features (seeded), its pairs ``(2k, 2k+1)`` bracketed (the
+    interleaved layout). Right, each pair as a 2-D vector on its circle: at position 0
+    (grey) and at ``position`` (coloured, computed by :func:`attention.apply_rope`),
+    with a dot for every position between, and the frequency, the angle and the
+    positions per full turn printed below (from :func:`attention.rope_frequencies`).
+    The default base is 100, not 10,000, so that every pair's turn is visible.
+
+    Returns:
+        The Figure.
+    """
+    if d != 2 * len(_PAIR_COLOURS):
+        raise ValueError(
+            f"the diagram draws {len(_PAIR_COLOURS)} pairs, d = 8, got {d}"
+        )
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(d, generator=g, dtype=torch.float64)
+    theta = rope_frequencies(d, base=base)  # (d/2,)
+    rotated = apply_rope(
+        q[None], torch.tensor([position]), base=base, interleaved=True
+    )[0]
+    fig, ax = draw.canvas(
+        7.3, 3.75, "RoPE: each feature pair turns at its own frequency"
+    )
+    cell = 0.25
+    qb = draw.matrix(
+        ax,
+        (0.72, 1.95),
+        d,
+        1,
+        cell=cell,
+        values=q[:, None],
+        fmt="{:.1f}",
+        colour=draw.ROLE["query"],
+        name="q",
+        shape=f"(d,) = ({d},)",
+        gid="q",
+        size=8.5,
+    )
+    for k, colour in enumerate(_PAIR_COLOURS):
+        top = qb.top - 2 * k * cell
+        draw.bracket(
+            ax,
+            (qb.right + 0.05, top - 0.03),
+            (qb.right + 0.05, top - 2 * cell + 0.03),
+            f"pair {k}",
+            side="right",
+            colour=colour,
+        )
+    draw.arrow(ax, (1.62, 1.95), (1.98, 1.95), colour=draw.INK)
+    draw.label(
+        ax,
+        (1.8, 2.12),
+        f"m = {position}",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="bottom",
+    )
+    radius, y = 0.47, 2.25
+    for k, colour in enumerate(_PAIR_COLOURS):
+        cx = 2.62 + 1.27 * k
+        ax.add_patch(Circle((cx, y), radius, fill=False, edgecolor=draw.GRID, lw=0.8))
+        ax.plot([cx - radius, cx + radius], [y, y], color=draw.BLOCKED, lw=0.6)
+        ax.plot([cx, cx], [y - radius, y + radius], color=draw.BLOCKED, lw=0.6)
+        pair = q[2 * k : 2 * k + 2]
+        start = math.atan2(float(pair[1]), float(pair[0]))
+        turned = rotated[2 * k : 2 * k + 2]
+        end = math.atan2(float(turned[1]), float(turned[0]))
+        for p in range(1, position):  # the positions in between, one dot each
+            a = start + p * float(theta[k])
+            ax.plot(
+                cx + radius * math.cos(a),
+                y + radius * math.sin(a),
+                "o",
+                ms=2.6,
+                color=draw.tint(colour, 0.6),
+                zorder=2,
+            )
+        _vector(
+            ax,
+            (cx, y),
+            (cx + radius * math.cos(start), y + radius * math.sin(start)),
+            draw.MUTED,
+            gid=f"start[{k}]",
+            lw=1.3,
+        )
+        _vector(
+            ax,
+            (cx, y),
+            (cx + radius * math.cos(end), y + radius * math.sin(end)),
+            colour,
+            gid=f"rotated[{k}]",
+        )
+        sweep = position * float(theta[k])  # the angle turned, counter-clockwise
+        ax.add_patch(
+            Arc(
+                (cx, y),
+                0.5 * radius,
+                0.5 * radius,
+                theta1=math.degrees(start),
+                theta2=math.degrees(start + sweep),
+                color=colour,
+                lw=1.2,
+            )
+        )
+        draw.label(
+            ax,
+            (cx, y + radius + 0.1),
+            f"pair {k}",
+            colour=colour,
+            va="bottom",
+            fontweight="bold",
+        )
+        lines = (
+            ("theta", f"θ = {float(theta[k]):.2f}"),
+            ("angle", f"{position}θ = {sweep:.2f} rad"),
+            ("period", f"turn: {2 * math.pi / float(theta[k]):.0f} positions"),
+        )
+        for n, (what, text) in enumerate(lines):
+            t = draw.label(ax, (cx, y - radius - 0.2 - 0.22 * n), text, size=draw.SMALL)
+            t.set_gid(f"{what}[{k}]")
+    draw.label(
+        ax,
+        (3.65, 0.34),
+        "grey: the pair at position 0; coloured: at m; dots: the positions between. "
+        f"d = {d}, base {base:g}",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def position_schemes():
+    """Where position enters attention: added to the input once (absolute), added to
+    the scores (relative biases: T5, ALiBi), turned into the queries and keys (RoPE),
+    or nowhere but the causal mask (NoPE).
+
+    Under the relative column, ALiBi's bias for the first of 8 heads (slope 1/2) on 4
+    positions, computed by :func:`attention.alibi_bias`.
+
+    Returns:
+        The Figure.
+    """
+    fig, ax = draw.canvas(7.3, 4.3, "Where position enters attention")
+    columns = (
+        (
+            "Absolute",
+            "sinusoidal, learned",
+            ("token + PE(p)", "projections", "scores q · k"),
+            "once, at the input",
+        ),
+        (
+            "Relative bias",
+            "T5, ALiBi",
+            ("scores q · k", "+ bias b(i − j)", "softmax"),
+            "every layer, on the scores",
+        ),
+        (
+            "Rotary (RoPE)",
+            "Llama, Qwen, Gemma",
+            ("projections", "turn q by i, k by j", "score sees j − i"),
+            "every layer, on q and k",
+        ),
+        (
+            "None (NoPE)",
+            "layers of Llama 4, SmolLM3",
+            ("scores q · k", "causal mask", "query p: p + 1 keys"),
+            "order leaks through the mask",
+        ),
+    )
+    colours = (draw.ROLE["input"], draw.ROLE["weight"], draw.ROLE["query"], "#8c6d1f")
+    width = 1.72
+    for n, ((head, who, steps, where), colour) in enumerate(zip(columns, colours)):
+        cx = 0.2 + width / 2 + n * (width + 0.03)
+        draw.label(ax, (cx, 3.72), head, colour=colour, fontweight="bold")
+        draw.label(ax, (cx, 3.48), who, size=draw.SMALL, colour=draw.MUTED)
+        previous = None
+        for r, step in enumerate(steps):
+            b = draw.box(
+                ax,
+                (cx, 3.05 - 0.62 * r),
+                step,
+                width=width - 0.12,
+                colour=colour,
+                size=9.0,
+            )
+            if previous is not None:
+                draw.arrow(ax, previous.south, b.north, colour=colour)
+            previous = b
+        draw.label(ax, (cx, 1.55), where, size=draw.SMALL, colour=colour)
+    # ALiBi's bias of one head, under the relative column: -slope * |i - j|
+    bias = alibi_bias(8, 4, 4, dtype=torch.float64)[0]  # (i, j), slope 1/2
+    cx = 0.2 + width / 2 + (width + 0.03)
+    bounds = draw.matrix(
+        ax,
+        (cx - 0.35, 0.78),
+        4,
+        4,
+        cell=0.28,
+        values=bias,
+        fmt="{:g}",
+        fills=[
+            [draw.tint(colours[1], 0.12 + 0.45 * float(-v) / 1.5) for v in row]
+            for row in bias
+        ],
+        colour=colours[1],
+        gid="bias",
+        size=8.0,
+    )
+    draw.label(
+        ax,
+        (bounds.right + 0.12, bounds.top - 0.12),
+        "ALiBi, one head:",
+        size=draw.SMALL,
+        colour=colours[1],
+        ha="left",
+    )
+    draw.label(
+        ax,
+        (bounds.right + 0.12, bounds.top - 0.36),
+        "b = −|i − j| / 2",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        ha="left",
+    )
+    draw.label(
+        ax,
+        (bounds.right + 0.12, bounds.top - 0.6),
+        "rows: queries i,",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        ha="left",
+    )
+    draw.label(
+        ax,
+        (bounds.right + 0.12, bounds.top - 0.82),
+        "columns: keys j",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        ha="left",
     )
     return fig
