@@ -64,7 +64,12 @@ def rendered_png_width(fig) -> int:
     return struct.unpack(">I", buffer.getvalue()[16:20])[0]
 
 
-@pytest.fixture(params=diagrams.__all__)
+#: Public names of the diagram modules that return the numbers a diagram draws, for a
+#: chapter's check, rather than a figure.
+DATA = {"alignment_vectors"}
+
+
+@pytest.fixture(params=[name for name in diagrams.__all__ if name not in DATA])
 def figure(request):
     return getattr(diagrams, request.param)()
 

@@ -93,12 +93,12 @@ def check_sinusoidal(fn) -> None:
     .. math:: PE_{p,\,2k} = \sin(p\,\theta_k), \quad PE_{p,\,2k+1} = \cos(p\,\theta_k),
         \quad \theta_k = \text{base}^{-2k/d}
 
-    ``fn`` returns a float64 tensor ``(n, d)``: row ``p`` for position ``p = 0 ... n-1``,
-    sine and cosine interleaved. The inputs: small and larger ``n`` and ``d``, ``d = 2``
-    and another base. Known mistakes are named: sine and cosine swapped, a sine block
-    then a cosine block (the drawing's layout, not the formula's), the exponent ``k/d``
-    instead of ``2k/d``, the slowest pair first, positions counted from 1, float32
-    frequencies. Tolerance: 1e-10.
+    ``fn`` returns a float64 tensor ``(n, d)``: row ``p`` for position ``p = 0 ...
+    n-1``, sine and cosine interleaved. The inputs: small and larger ``n`` and ``d``,
+    ``d = 2`` and another base. Known mistakes are named: sine and cosine swapped, a
+    sine block then a cosine block (the drawing's layout, not the formula's), the
+    exponent ``k/d`` instead of ``2k/d``, the slowest pair first, positions counted from
+    1, float32 frequencies. Tolerance: 1e-10.
 
     Example:
         >>> def my_sinusoidal(n, d, base=10000.0):
@@ -217,7 +217,9 @@ def check_rope(fn) -> None:
     ``rotate_half``), and row ``r`` of ``x`` is turned by the angle
     ``positions[r] * theta_k``, :math:`\theta_k = \text{base}^{-2k/d}`:
 
-    .. math:: (a, b) \mapsto (a \cos\alpha - b \sin\alpha,\; a \sin\alpha + b \cos\alpha)
+    .. math::
+
+        (a, b) \mapsto (a \cos\alpha - b \sin\alpha,\; a \sin\alpha + b \cos\alpha)
 
     ``x`` is ``(..., n, d)`` float64 with ``d`` even, ``positions`` an int64 tensor
     ``(n,)``; ``fn`` returns the rotated ``x``, same shape and dtype. The inputs: one

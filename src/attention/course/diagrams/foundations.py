@@ -20,6 +20,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
+from ..._core import default_scale
 from ...foundations.masks import causal_mask, decoding_mask, padding_mask
 from ...foundations.scaled_dot_product import (
     attention_weights,
@@ -30,6 +31,7 @@ from ...layers.scoring import dot_scores, scaled_dot_scores
 from . import _draw as draw
 
 __all__ = [
+    "alignment_vectors",
     "vector_alignment",
     "score_matrix",
     "softmax_steps",
@@ -723,7 +725,7 @@ def variance_table(dims=SCALING_DIMS, pairs: int = 4000, seed: int = 0):
         q = torch.randn(pairs, d, generator=g, dtype=torch.float64)
         k = torch.randn(pairs, d, generator=g, dtype=torch.float64)
         dots = dot_scores(q[:, None], k[:, None])[:, 0, 0]  # (pairs,)
-        table[d] = (float(dots.var()), float((dots / math.sqrt(d)).var()))
+        table[d] = (float(dots.var()), float((dots * default_scale(None, d)).var()))
     return table
 
 
@@ -873,7 +875,7 @@ def scaling_rows():
         draw.label(ax, (0.55, y), f"dₖ = {d}", fontweight="bold")
         for cx, scale in zip(columns.values(), (1.0, None)):
             weights = attention_weights(q, k, scale=scale)  # (1, n)
-            scores = raw if scale == 1.0 else raw / math.sqrt(d)
+            scores = raw if scale == 1.0 else raw * default_scale(None, d)
             tag = "raw" if scale == 1.0 else "scaled"
             bounds = draw.heatmap(
                 ax, (cx, y), weights, cell=cell, gid=f"{tag}:{d}", size=8, colorbar=None
