@@ -2,9 +2,10 @@
 :class:`RotaryConfig` (exported by :mod:`attention.layers.positional`).
 
 Shared by :mod:`attention.layers.positional` (``apply_rope``),
-:mod:`attention.layers.multihead`, :mod:`attention.practice.latent` and :mod:`attention.layers.dual_chunk`, which
-validate once at their boundary and then rotate with :func:`rope_rotate`. Shapes: ``x``
-``(..., n, d)`` with ``d`` even, positions broadcastable to ``(..., n)``.
+:mod:`attention.layers.multihead`, :mod:`attention.practice.latent` and
+:mod:`attention.layers.dual_chunk`, which validate once at their boundary and then
+rotate with :func:`rope_rotate`. Shapes: ``x`` ``(..., n, d)`` with ``d`` even,
+positions broadcastable to ``(..., n)``.
 """
 
 from __future__ import annotations
@@ -163,7 +164,10 @@ def _check_scaling_options(kind: str, given: dict) -> tuple:
 def check_positions(
     positions, shape: tuple[int, ...], like: Tensor, like_name: str, what: str
 ) -> Tensor:
-    """Integer positions on ``like``'s device that broadcast to ``shape`` (named ``what``)."""
+    """Integer positions on ``like``'s device that broadcast to ``shape``.
+
+    ``what`` names ``shape`` in the error messages.
+    """
     check_tensor("positions", positions)
     if (
         positions.is_floating_point()
@@ -172,7 +176,8 @@ def check_positions(
     ):
         raise TypeError(
             "positions must be an integer tensor (token indices), got "
-            f"{positions.dtype}; to stretch positions use scaling={{'type': 'linear', ...}}"
+            f"{positions.dtype}; to stretch positions use "
+            "scaling={'type': 'linear', ...}"
         )
     check_same_device(positions=positions, **{like_name: like})
     if (
@@ -180,7 +185,8 @@ def check_positions(
         != shape
     ):
         raise ValueError(
-            f"positions of shape {tuple(positions.shape)} must broadcast to {what} = {shape}"
+            f"positions of shape {tuple(positions.shape)} must broadcast to "
+            f"{what} = {shape}"
         )
     return positions
 
@@ -261,7 +267,10 @@ def _attention_factor(scaling: tuple | None) -> float:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Rotate each feature pair of ``x`` (..., n, d) by the angles whose cos/sin are (..., n, d/2)."""
+    """Rotate each feature pair of ``x`` (..., n, d) by the angles.
+
+    ``cos`` and ``sin`` hold the angles' cosines and sines, shape (..., n, d/2).
+    """
     if interleaved:  # pairs (2k, 2k+1)
         x0, x1 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(
@@ -336,15 +345,16 @@ class RotaryConfig:
     """The options of a rotary position embedding (RoPE), in one object.
 
     Shared by :class:`~attention.MultiHeadAttention` (``rope=RotaryConfig(...)``),
-    :class:`~attention.MultiHeadLatentAttention` and :func:`~attention.dual_chunk_attention`,
-    so a new RoPE option is added here once, not as a new flag of every module. Validated
-    when built.
+    :class:`~attention.MultiHeadLatentAttention` and
+    :func:`~attention.dual_chunk_attention`, so a new RoPE option is added here once,
+    not as a new flag of every module. Validated when built.
 
     Args:
-        base: the base :math:`\\theta` of the frequencies :math:`\\theta^{-2k/d}` (10000 in
-            Llama 2, 500000 in Llama 3); finite and > 0.
+        base: the base :math:`\\theta` of the frequencies :math:`\\theta^{-2k/d}`
+            (10000 in Llama 2, 500000 in Llama 3); finite and > 0.
         interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
-            ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's, DeepSeek's layout).
+            ``rotate_half``), True pairs ``(2k, 2k+1)`` (RoFormer, Meta's and DeepSeek's
+            layout).
         scaling: None or a dict of type ``"linear"``, ``"ntk"``, ``"llama3"`` (Llama
             3.1) or ``"yarn"`` (see :func:`attention.rope_frequencies`); a yarn scaling
             also multiplies cos and sin by :attr:`attention_factor` (as transformers
