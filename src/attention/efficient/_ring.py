@@ -1,4 +1,6 @@
-"""The mechanics of ring attention: point-to-point exchanges and the autograd Function (chapter 15).
+"""The mechanics of ring attention (chapter 15).
+
+Point-to-point exchanges between neighbouring ranks, and the autograd Function.
 
 Private to :mod:`attention.efficient.distributed`, which validates the inputs, builds
 the schedule and calls :class:`RingAttention`. Shapes: query ``(..., n_local, d)``, key
@@ -20,7 +22,10 @@ from ._tiled import backward, forward
 
 
 def _merge(out: Tensor, lse: Tensor, out_b: Tensor, lse_b: Tensor) -> None:
-    """Merge a block's partial ``(out_b, lse_b)`` into ``(out, lse)`` in place, by log-sum-exp."""
+    """Merge a block's partial ``(out_b, lse_b)`` into ``(out, lse)`` in place.
+
+    The two are combined by log-sum-exp.
+    """
     new = torch.logaddexp(lse, lse_b)  # (..., i)
     safe = max_shift(new)  # rows with no visible key so far: weights 0
     out.mul_(torch.exp(lse - safe).unsqueeze(-1)).add_(
@@ -33,8 +38,8 @@ class Ring:
     """One rank's view of the ring: its neighbours, and per step the tiles it computes.
 
     ``steps[t]`` lists ``(query slice, key slice, diagonal)``: local slices of the query
-    shard and of the key/value block held at step ``t``; ``diagonal`` marks a chunk against
-    itself, which takes the top-left causal mask.
+    shard and of the key/value block held at step ``t``; ``diagonal`` marks a chunk
+    against itself, which takes the top-left causal mask.
     """
 
     def __init__(self, group, world_size: int, rank: int, steps: list):
@@ -42,7 +47,10 @@ class Ring:
         self.next, self.prev = (rank + 1) % world_size, (rank - 1) % world_size
 
     def exchange(self, send: list[Tensor], recv: list[Tensor], tag: int) -> list:
-        """Start sending ``send`` to the next rank and receiving ``recv`` from the previous one."""
+        """Start the exchange with the neighbours; returns the works to wait on.
+
+        ``send`` goes to the next rank and ``recv`` is filled by the previous one.
+        """
         ops = [
             dist.P2POp(
                 dist.isend, t, group=self.group, group_peer=self.next, tag=tag + k
@@ -114,15 +122,15 @@ class RingAttention(torch.autograd.Function):
         delta = (dout * out).sum(dim=-1)  # D = rowsum(dO * O), (..., n_local)
         dq = torch.zeros_like(query)
         k_cur, v_cur = key.contiguous(), value.contiguous()
-        sends = []  # sends of gradient accumulators in flight (and their buffers, kept alive)
+        # sends of gradient accumulators in flight (and their buffers, kept alive)
+        sends = []
         for t, step in enumerate(ring.steps):
             kv_works, acc_works = [], []
             if t < ring.world_size - 1:
                 k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 kv_works = ring.exchange([k_cur, v_cur], [k_next, v_next], tag=0)
-            if (
-                t > 0
-            ):  # the accumulators of the block held now, from the rank that held it before
+            if t > 0:
+                # the accumulators of the block held now, from its previous holder
                 dk_acc, dv_acc = torch.empty_like(k_cur), torch.empty_like(v_cur)
                 acc_works = ring.exchange([], [dk_acc, dv_acc], tag=2)
             dk_part, dv_part = torch.zeros_like(k_cur), torch.zeros_like(v_cur)

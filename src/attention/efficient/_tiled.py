@@ -24,8 +24,11 @@ _INF = float("inf")
 
 
 def tiles(query, key, mask, is_causal, scale, block_size):
-    """Yield ``(j0, j1, r0, scores)`` for each key block: the masked, scaled ``(..., i - r0, j1 - j0)``
-    scores of the queries ``r0:`` that can see any key of block ``j0:j1``."""
+    """Yield ``(j0, j1, r0, scores)`` for each key block ``j0:j1``.
+
+    ``scores`` are the masked, scaled ``(..., i - r0, j1 - j0)`` scores of the queries
+    ``r0:`` that can see any key of the block.
+    """
     i, j = query.shape[-2], key.shape[-2]
     for j0 in range(0, j, block_size):
         j1 = min(j0 + block_size, j)
@@ -55,7 +58,7 @@ def tiles(query, key, mask, is_causal, scale, block_size):
 
 
 def _sub_exp(scores: Tensor, shift: Tensor) -> Tensor:
-    """``exp(scores - shift)``, in place when the result has the tile's shape (no new tile)."""
+    """``exp(scores - shift)``, in place (no new tile) if it has the tile's shape."""
     aligned = zip(reversed(scores.shape), reversed(shift.shape))
     if shift.dim() <= scores.dim() and all(s in (1, t) for t, s in aligned):
         return scores.sub_(shift).exp_()
@@ -65,8 +68,9 @@ def _sub_exp(scores: Tensor, shift: Tensor) -> Tensor:
 def forward(query, key, value, mask, is_causal, scale, block_size):
     """The tiled forward pass without autograd: ``(out (..., i, e), lse (..., i))``.
 
-    A query with no visible key gets a zero output and ``lse = -inf``; a NaN (in a visible
-    key, value, float mask entry or the scale) or an overflowed score makes its row NaN.
+    A query with no visible key gets a zero output and ``lse = -inf``; a NaN (in a
+    visible key, value, float mask entry or the scale) or an overflowed score makes its
+    row NaN.
     """
     i, e = query.shape[-2], value.shape[-1]
     batch = broadcast_shapes(
@@ -94,8 +98,9 @@ def forward(query, key, value, mask, is_causal, scale, block_size):
         out = torch.where(dead, 0.0, acc / torch.where(dead, 1.0, l))
         lse = torch.where(dead, -_INF, m + torch.log(torch.where(dead, 1.0, l)))
         if math.isnan(scale) and key.shape[-2] > 0:
-            # torch adds the mask to scaled scores, so a NaN scale reaches every row, even
-            # one whose keys are all masked; the masked_fill above would have hidden it.
+            # torch adds the mask to scaled scores, so a NaN scale reaches every row,
+            # even one whose keys are all masked; the masked_fill above would have
+            # hidden it.
             out.fill_(math.nan)
             lse.fill_(math.nan)
     return out, lse.squeeze(-1)
@@ -105,11 +110,12 @@ def backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, d
     """The FlashAttention-2 backward pass, recomputing each tile from the log-sum-exp.
 
     With ``P = exp(S - lse)`` rebuilt tile by tile, ``dV = P^T dO``, ``dP = dO V^T``,
-    ``dS = P * (dP - delta)``, ``dQ = dS K s`` and ``dK = dS^T Q s``, where ``delta`` is
-    ``rowsum(dO * O) - dlse`` of shape ``(..., i)``. Returns ``(dq, dk, dv)`` with the shapes
-    of ``query``, ``key`` and ``value`` (broadcast batch dims summed out).
+    ``dS = P * (dP - delta)``, ``dQ = dS K s`` and ``dK = dS^T Q s``, where ``delta``
+    is ``rowsum(dO * O) - dlse`` of shape ``(..., i)``. Returns ``(dq, dk, dv)`` with
+    the shapes of ``query``, ``key`` and ``value`` (broadcast batch dims summed out).
     """
-    # A row that saw no key has lse = -inf: use +inf so its P = exp(S - inf) is exactly 0.
+    # A row that saw no key has lse = -inf: use +inf, so that its P = exp(S - inf) is
+    # exactly 0.
     lse = torch.where(torch.isneginf(lse), _INF, lse).unsqueeze(-1)  # (..., i, 1)
     delta = delta.unsqueeze(-1)  # (..., i, 1)
     dq = torch.zeros(
@@ -136,7 +142,10 @@ def backward(query, key, value, mask, is_causal, scale, block_size, lse, dout, d
 
 
 class TiledAttention(torch.autograd.Function):
-    """Tiled attention whose backward recomputes the tiles: saves only q, k, v, out, lse (and the mask)."""
+    """Tiled attention whose backward pass recomputes the tiles.
+
+    It saves only q, k, v, out and lse (and the mask).
+    """
 
     @staticmethod
     def forward(ctx, query, key, value, mask, is_causal, scale, block_size):
