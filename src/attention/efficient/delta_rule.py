@@ -24,8 +24,8 @@ The gated delta rule :cite:`yang2025gated` first decays the state by
 
     S_t = \alpha_t (I - \beta_t k_t k_t^\top)\, S_{t-1} + \beta_t k_t v_t^\top.
 
-With :math:`\alpha_t = 1` it is the delta rule; dropping the :math:`\beta_t k_t k_t^\top`
-term gives gated linear attention's update.
+With :math:`\alpha_t = 1` it is the delta rule; dropping the
+:math:`\beta_t k_t k_t^\top` term gives gated linear attention's update.
 
 **Semantics.** Every function here computes exactly what flash-linear-attention's naive
 recurrent references compute (``fla/ops/delta_rule/naive.py``,
@@ -37,9 +37,9 @@ decay is applied before the read.
 The layout is the package's ``(b, h, n, d)``, not fla's ``(b, n, h, d)``.
 
 **Two forms, one result.** ``chunk_size=None`` runs the recurrence token by token (the
-reference). An integer runs the chunkwise form of :cite:`yang2024parallelizing`: inside a
-chunk of ``c`` positions the ``c`` corrections :math:`u_r = \beta_r(v_r - \ldots)` depend on
-each other only through a unit lower-triangular ``(c, c)`` system
+reference). An integer runs the chunkwise form of :cite:`yang2024parallelizing`: inside
+a chunk of ``c`` positions the ``c`` corrections :math:`u_r = \beta_r(v_r - \ldots)`
+depend on each other only through a unit lower-triangular ``(c, c)`` system
 :math:`(I + A)\,U = \operatorname{diag}(\beta)(V - \operatorname{diag}(\Gamma) K S_0)`,
 :math:`A_{rs} = \beta_r \tfrac{\Gamma_r}{\Gamma_s} k_r \cdot k_s` for :math:`s < r`
 (:math:`\Gamma_r = \prod_{s \le r} \alpha_s`), solved once per chunk for all chunks at
@@ -50,21 +50,21 @@ state unchanged; a ``chunk_size`` longer than the sequence is cut to it. A row o
 chunkwise form sees only what the recurrence has seen: a NaN key or value at position
 ``p`` makes rows ``>= p`` NaN and leaves the earlier rows of its chunk alone (the masked
 entries are selected away with ``torch.where`` and masked matmuls, never multiplied by
-zero, since ``0 * nan`` is NaN). float16 and bfloat16 inputs are computed in float32,
-as fla's references compute them, and the output and the state are returned in the
-input dtype (the state too, so that it chains): CPU torch has no half-precision
-triangular solve, and a state summed in half precision drifts.
+zero, since ``0 * nan`` is NaN). float16 and bfloat16 inputs are computed in float32, as
+fla's references compute them, and the output and the state are returned in the input
+dtype (the state too, so that it chains): CPU torch has no half-precision triangular
+solve, and a state summed in half precision drifts.
 
 :func:`kimi_delta_attention` (KDA; Kimi Team, "Kimi Linear", 2025, arXiv:2510.26692)
 gives the decay one rate per key channel, :math:`\operatorname{Diag}(e^{g_t})` with
 :math:`g_t \in \mathbb{R}^d`, instead of one per head; its section below holds its math.
 
 **Bad input.** ``beta`` must lie in ``[0, 1]`` (a step size of least-mean-squares on
-:math:`\tfrac12\lVert S^\top k - v\rVert^2`; with a unit-norm key, ``beta = 1`` overwrites the
-stored value, and ``beta`` in ``[0, 1]`` keeps :math:`I - \beta k k^\top` a contraction
-with non-negative eigenvalues). fla itself accepts any ``beta``; the "negative eigenvalue"
-extension (``beta`` up to 2) is not taught here and is refused. ``g`` must be ``<= 0``
-(a decay, not a growth). NaN passes through as in torch.
+:math:`\tfrac12\lVert S^\top k - v\rVert^2`; with a unit-norm key, ``beta = 1``
+overwrites the stored value, and ``beta`` in ``[0, 1]`` keeps :math:`I - \beta k k^\top`
+a contraction with non-negative eigenvalues). fla itself accepts any ``beta``; the
+"negative eigenvalue" extension (``beta`` up to 2) is not taught here and is refused.
+``g`` must be ``<= 0`` (a decay, not a growth). NaN passes through as in torch.
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ def _validate(
     _check_tensors(query, key, value, beta, g, initial_state, g_dim=1)
     if query.shape != key.shape:
         raise ValueError(
-            f"query and key must have the same shape (..., n, d), got {tuple(query.shape)} "
-            f"and {tuple(key.shape)}"
+            "query and key must have the same shape (..., n, d), got "
+            f"{tuple(query.shape)} and {tuple(key.shape)}"
         )
     if value.shape[:-1] != key.shape[:-1]:
         raise ValueError(
@@ -155,7 +155,8 @@ def _validate(
         )
     if beta.shape != key.shape[:-1]:
         raise ValueError(
-            f"beta must have shape (..., n) = {tuple(key.shape[:-1])}, got {tuple(beta.shape)}"
+            f"beta must have shape (..., n) = {tuple(key.shape[:-1])}, got "
+            f"{tuple(beta.shape)}"
         )
     if g is not None and g.shape != key.shape[:-1]:
         raise ValueError(
@@ -168,7 +169,7 @@ def _validate(
     check_initial_state(initial_state, state_shape, query)
 
 
-# --------------------------------------------------------------------------- the two forms
+# ----------------------------------------------------------------------- the two forms
 
 
 def _recurrent(
@@ -208,7 +209,10 @@ def _chunkwise(
     state: Tensor,
     chunk: int,
 ) -> tuple[Tensor, Tensor]:
-    """The WY/UT chunkwise form; ``q`` already scaled. Same returns as :func:`_recurrent`."""
+    """The WY/UT chunkwise form; ``q`` is already scaled.
+
+    Returns as :func:`_recurrent` does.
+    """
     n, d, e = q.shape[-2], q.shape[-1], v.shape[-1]
     if g is None:
         g = beta.new_zeros(beta.shape)
@@ -242,7 +246,8 @@ def _chunkwise(
     # must not reach a row r < s (rows see only what the recurrence has seen).
     kk = kc @ kc.transpose(-2, -1)  # (..., N, c, c)
     a = torch.where(strict, bc.unsqueeze(-1) * decay * kk, 0.0)  # strictly lower
-    # (I + A) U = diag(beta) V - diag(beta Gamma) K S_0: solve for both right-hand sides.
+    # (I + A) U = diag(beta) V - diag(beta Gamma) K S_0: solve for both right-hand
+    # sides.
     rhs = torch.cat(
         [bc.unsqueeze(-1) * vc, (bc * gamma.exp()).unsqueeze(-1) * kc], dim=-1
     )
@@ -322,12 +327,13 @@ def delta_rule_attention(
         S_t = S_{t-1} + \beta_t\, k_t \big(v_t - S_{t-1}^\top k_t\big)^\top, \qquad
         o_t = S_t^\top (s\, q_t), \qquad S_0 = \text{initial\_state or } 0.
 
-    Exactly fla's ``delta_rule_recurrence`` (module docstring): the query is multiplied by
-    ``scale``, the keys are used as given.
+    Exactly fla's ``delta_rule_recurrence`` (module docstring): the query is multiplied
+    by ``scale``, the keys are used as given.
 
     Args:
         query: ``(..., n, d)``, e.g. ``(b, h, n, d)``.
-        key: ``(..., n, d)``, used as given (normalise it first for DeltaNet's behaviour).
+        key: ``(..., n, d)``, used as given (normalise it first for DeltaNet's
+            behaviour).
         value: ``(..., n, e)``.
         beta: ``(..., n)``, the step size of each write, in ``[0, 1]``.
         scale: multiplies the query; default :math:`d^{-1/2}`.
@@ -340,8 +346,8 @@ def delta_rule_attention(
     Returns:
         ``(..., n, e)``; with ``output_final_state``, the pair ``(output, state)`` with
         ``state`` of shape ``(..., d, e)``. Splitting a sequence in two and passing the
-        first half's final state as the second half's ``initial_state`` gives the outputs
-        of the whole.
+        first half's final state as the second half's ``initial_state`` gives the
+        outputs of the whole.
 
     Example:
         >>> k = torch.eye(2)[None]  # two orthonormal keys, one head
@@ -350,8 +356,9 @@ def delta_rule_attention(
         ...                               output_final_state=True)
         >>> S.tolist()  # beta = 1 with orthonormal keys: each value stored exactly
         [[[1.0, 2.0], [3.0, 4.0]]]
-        >>> torch.allclose(delta_rule_attention(k, k, v, torch.ones(1, 2), chunk_size=1),
-        ...                delta_rule_attention(k, k, v, torch.ones(1, 2)))
+        >>> b = torch.ones(1, 2)
+        >>> torch.allclose(delta_rule_attention(k, k, v, b, chunk_size=1),
+        ...                delta_rule_attention(k, k, v, b))
         True
     """
     return _run(
@@ -379,11 +386,12 @@ def gated_delta_rule_attention(
     output_final_state: bool = False,
     chunk_size: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    r"""Causal attention with the gated delta rule (Gated DeltaNet): decay, then correct.
+    r"""Causal attention by the gated delta rule (Gated DeltaNet): decay, then correct.
 
     .. math::
 
-        S_t = e^{g_t} S_{t-1} + \beta_t\, k_t \big(v_t - e^{g_t} S_{t-1}^\top k_t\big)^\top
+        S_t = e^{g_t} S_{t-1}
+              + \beta_t\, k_t \big(v_t - e^{g_t} S_{t-1}^\top k_t\big)^\top
             = e^{g_t} (I - \beta_t k_t k_t^\top) S_{t-1} + \beta_t k_t v_t^\top, \qquad
         o_t = S_t^\top (s\, q_t).
 
@@ -391,9 +399,10 @@ def gated_delta_rule_attention(
     ``(b, h, n, d)`` layout. ``g = 0`` everywhere gives :func:`delta_rule_attention`.
 
     Args:
-        query, key, value, beta, scale, initial_state, output_final_state, chunk_size: as
-            in :func:`delta_rule_attention`.
-        g: ``(..., n)``, the log of the decay :math:`\alpha_t = e^{g_t}`; must be ``<= 0``.
+        query, key, value, beta, scale, initial_state, output_final_state, chunk_size:
+            as in :func:`delta_rule_attention`.
+        g: ``(..., n)``, the log of the decay :math:`\alpha_t = e^{g_t}`; must be
+            ``<= 0``.
 
     Returns:
         As :func:`delta_rule_attention`.
