@@ -1,8 +1,8 @@
 r"""Attention across processes: ring attention over ``torch.distributed`` (chapter 15).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``n`` the whole
-sequence's length, ``n_local = n / P`` the positions one rank holds, ``d`` query/key size,
-``e`` value size, ``P`` the number of processes (ranks) in the group.
+sequence's length, ``n_local = n / P`` the positions one rank holds, ``d`` query/key
+size, ``e`` value size, ``P`` the number of processes (ranks) in the group.
 
 Sequence parallelism splits one long sequence over ``P`` processes. Each rank keeps its
 shard of the queries for good; the key/value shards travel around a ring, one hop per
@@ -16,10 +16,10 @@ of the blocks merge exactly by their log-sum-exp, as in tiled attention
     O = e^{\text{lse}_1 - \text{lse}}\, O_1 + e^{\text{lse}_2 - \text{lse}}\, O_2.
 
 The backward pass runs the same ring: key/value blocks travel again, and the gradient
-accumulators ``dK``, ``dV`` of each block travel with it, so that when they come home they
-hold the contributions of every rank's queries. With ``is_causal``, blocks that no query
-of a rank can see are skipped; the ``"zigzag"`` layout gives every rank the same amount
-of causal work :cite:`brandon2023striped`.
+accumulators ``dK``, ``dV`` of each block travel with it, so that when they come home
+they hold the contributions of every rank's queries. With ``is_causal``, blocks that no
+query of a rank can see are skipped; the ``"zigzag"`` layout gives every rank the same
+amount of causal work :cite:`brandon2023striped`.
 
 Mask convention: ``is_causal`` is the top-left causal mask over *global* positions (the
 query at position ``p`` sees keys ``<= p``, wherever the two live), as
@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -77,7 +78,10 @@ def _check_layout(layout) -> None:
 
 
 def _chunks_of(rank: int, world_size: int, layout: str) -> list[int]:
-    """The global chunk indices rank ``rank`` holds, in its local order (chunks of equal size)."""
+    """The global chunk indices rank ``rank`` holds, in its local order.
+
+    The chunks are of equal size.
+    """
     return [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
 
 
@@ -85,7 +89,8 @@ def _check_dim(x: Tensor, dim) -> int:
     dim = check_int("dim", dim)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(
-            f"dim must lie in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, got {dim}"
+            f"dim must lie in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d tensor, "
+            f"got {dim}"
         )
     return dim % x.dim()
 
@@ -95,8 +100,8 @@ def _num_chunks(n: int, world_size: int, layout: str) -> int:
     if n % parts:
         rule = "P" if layout == "contiguous" else "2P"
         raise ValueError(
-            f"the {layout} layout needs a sequence length n divisible by {rule} = {parts}, "
-            f"got n = {n} for P = {world_size}"
+            f"the {layout} layout needs a sequence length n divisible by "
+            f"{rule} = {parts}, got n = {n} for P = {world_size}"
         )
     return parts
 
@@ -106,9 +111,10 @@ def shard_sequence(
 ) -> Tensor:
     """The part of a sequence that rank ``rank`` of ``world_size`` holds.
 
-    ``"contiguous"``: rank ``r`` holds positions ``[r n/P, (r + 1) n/P)``. ``"zigzag"``: the
-    sequence is cut into ``2P`` chunks and rank ``r`` holds chunk ``r`` followed by chunk
-    ``2P - 1 - r``, which balances causal work (rank 0 holds the first and the last chunk).
+    ``"contiguous"``: rank ``r`` holds positions ``[r n/P, (r + 1) n/P)``.
+    ``"zigzag"``: the sequence is cut into ``2P`` chunks and rank ``r`` holds chunk
+    ``r`` followed by chunk ``2P - 1 - r``, which balances causal work (rank 0 holds the
+    first and the last chunk).
 
     Args:
         x: any tensor with the sequence along ``dim``, e.g. ``(b, h, n, d)``.
@@ -118,15 +124,17 @@ def shard_sequence(
         dim: the sequence axis.
 
     Returns:
-        ``x`` with ``n / P`` positions along ``dim`` (a view for ``"contiguous"``, a copy
-        for ``"zigzag"``).
+        ``x`` with ``n / P`` positions along ``dim`` (a view for ``"contiguous"``, a
+        copy for ``"zigzag"``).
 
     Raises:
-        ValueError: when ``n`` is not divisible by ``P`` (contiguous) or ``2P`` (zigzag).
+        ValueError: when ``n`` is not divisible by ``P`` (contiguous) or ``2P``
+            (zigzag).
 
     Example:
         >>> positions = torch.arange(8)
-        >>> [shard_sequence(positions, 2, r, layout="zigzag", dim=0).tolist() for r in range(2)]
+        >>> [shard_sequence(positions, 2, r, layout="zigzag", dim=0).tolist()
+        ...  for r in range(2)]
         [[0, 1, 6, 7], [2, 3, 4, 5]]
     """
     check_tensor("x", x, min_dim=1)
@@ -146,7 +154,9 @@ def shard_sequence(
 def unshard_sequence(
     shards: Sequence[Tensor], *, layout: str = "contiguous", dim: int = -2
 ) -> Tensor:
-    """Reassemble the whole sequence from every rank's shard (the inverse of :func:`shard_sequence`).
+    """Reassemble the whole sequence from every rank's shard.
+
+    The inverse of :func:`shard_sequence`.
 
     Args:
         shards: the ``P`` shards in rank order, tensors of one shape, dtype and device.
@@ -168,7 +178,8 @@ def unshard_sequence(
         or len(shards) == 0
     ):
         raise TypeError(
-            f"shards must be a non-empty list or tuple of tensors, got {type(shards).__name__}"
+            "shards must be a non-empty list or tuple of tensors, got "
+            f"{type(shards).__name__}"
         )
     for r, s in enumerate(shards):
         check_tensor(f"shards[{r}]", s, min_dim=1)
@@ -187,7 +198,8 @@ def unshard_sequence(
         return torch.cat(list(shards), dim)
     if first.shape[dim] % 2:
         raise ValueError(
-            f"zigzag shards hold two chunks of equal length, got an odd length {first.shape[dim]}"
+            "zigzag shards hold two chunks of equal length, got an odd length "
+            f"{first.shape[dim]}"
         )
     halves = [s.chunk(2, dim) for s in shards]  # rank r: (chunk r, chunk 2P - 1 - r)
     ordered = [
@@ -200,7 +212,7 @@ def unshard_sequence(
 def ring_schedule(
     world_size: int, *, layout: str = "contiguous", is_causal: bool = False
 ) -> list[list[dict]]:
-    """Which key/value block each rank holds at each step of the ring, and what it computes.
+    """Per step of the ring: the key/value block each rank holds, and what it computes.
 
     At step ``t`` rank ``r`` holds the key/value shard of rank ``(r - t) mod P``. Each
     (query chunk, key chunk) pair of that step is ``"full"``, ``"diagonal"`` (the causal
@@ -218,9 +230,11 @@ def ring_schedule(
         indices and kind ``"full"`` or ``"diagonal"``; skipped pairs are left out.
 
     Example:
-        >>> [step[1]["source"] for step in ring_schedule(3)]  # rank 1 holds keys of 1, 0, 2
+        >>> # rank 1 holds the keys of ranks 1, 0, 2 in turn
+        >>> [step[1]["source"] for step in ring_schedule(3)]
         [1, 0, 2]
-        >>> ring_schedule(2, is_causal=True)[1][0]["pairs"]  # rank 0 never needs rank 1's keys
+        >>> # rank 0 never needs rank 1's keys
+        >>> ring_schedule(2, is_causal=True)[1][0]["pairs"]
         []
     """
     world_size = check_int("world_size", world_size, minimum=1)
@@ -242,24 +256,25 @@ def ring_schedule(
     return schedule
 
 
-# ----------------------------------------------------------------------------- the ring
+# --------------------------------------------------------------------------- the ring
 
 
 def _steps(
     rank: int, world_size: int, layout: str, is_causal: bool, n_local: int
 ) -> list:
-    """Per step of the ring, the tiles this rank computes: ``(query slice, key slice, diagonal)``.
+    """Per step of the ring, the tiles this rank computes.
 
-    Slices are local: into the query shard and into the key/value block held at that step;
-    ``diagonal`` marks a chunk against itself, which takes the top-left causal mask.
+    A tile is ``(query slice, key slice, diagonal)``. Slices are local: into the query
+    shard and into the key/value block held at that step; ``diagonal`` marks a chunk
+    against itself, which takes the top-left causal mask.
     """
     schedule = ring_schedule(world_size, layout=layout, is_causal=is_causal)
-    if (
-        not is_causal
-    ):  # every pair is full: one tile, the whole query shard against the whole block
+    if not is_causal:
+        # every pair is full: one tile, the whole query shard against the whole block
         return [[(slice(None), slice(None), False)] for _ in schedule]
     size = n_local // len(_chunks_of(rank, world_size, layout))
-    local = {}  # global chunk index -> its slice within the shard of the rank holding it
+    # global chunk index -> its slice within the shard of the rank holding it
+    local = {}
     for r in range(world_size):
         for k, c in enumerate(_chunks_of(r, world_size, layout)):
             local[c] = slice(k * size, (k + 1) * size)
@@ -286,7 +301,10 @@ def _local_problems(
 
 def _summary(query, key, value, is_causal, scale, enable_gqa, layout) -> tuple:
     """What must agree on every rank (shapes, dtype, options), cheap to gather."""
-    shape = lambda t: tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__  # noqa: E731
+
+    def shape(t) -> tuple | str:
+        return tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+
     real = isinstance(scale, numbers.Real) and not isinstance(scale, bool)
     return (shape(query), shape(key), shape(value), str(getattr(query, "dtype", None)),
             repr(is_causal), repr(float(scale)) if real else repr(scale),
@@ -306,24 +324,25 @@ def ring_attention(
     layout: str = "contiguous",
     block_size: int = 128,
 ) -> Tensor:
-    r"""Exact attention over a sequence split across the ranks of a process group (ring attention).
+    r"""Ring attention: exact attention over a sequence split across ranks.
 
-    Called on every rank of ``group`` with that rank's shard of the sequence (as cut by
-    :func:`shard_sequence` with the same ``layout``). At step ``t = 0 .. P-1`` rank ``r``
-    holds the key/value shard of rank ``(r - t) mod P``, computes attention of its queries
-    against it with the tiled kernel of :func:`~attention.tiled_attention` while the shard
-    moves on to the next rank (``torch.distributed`` point-to-point, started before the
-    compute so the two overlap where the backend allows), and merges the partial result by
-    log-sum-exp:
+    Called on every rank of a process group ``group`` with that rank's shard of the
+    sequence (as cut by :func:`shard_sequence` with the same ``layout``). At step
+    ``t = 0 .. P-1`` rank ``r`` holds the key/value shard of rank ``(r - t) mod P``,
+    computes attention of its queries against it with the tiled kernel of
+    :func:`~attention.tiled_attention` while the shard moves on to the next rank
+    (``torch.distributed`` point-to-point, started before the compute so the two overlap
+    where the backend allows), and merges the partial result by log-sum-exp:
 
     .. math::
 
         O = \sum_t e^{\text{lse}_t - \text{lse}}\, O_t, \qquad
         \text{lse} = \log \sum_t e^{\text{lse}_t}.
 
-    Differentiable: the backward pass (collective, every rank must call it) runs the ring
-    again, recomputing each block's weights from the saved log-sum-exp, and sends each
-    block's ``dK``, ``dV`` accumulators along with it until they return to their owner.
+    Differentiable: the backward pass (collective, every rank must call it) runs the
+    ring again, recomputing each block's weights from the saved log-sum-exp, and sends
+    each block's ``dK``, ``dV`` accumulators along with it until they return to their
+    owner.
 
     Args:
         query: ``(..., h, n_local, d)``, this rank's queries.
@@ -345,8 +364,9 @@ def ring_attention(
             :math:`O(n_\text{local} \cdot \text{block})`).
 
     Returns:
-        ``(..., n_local, e)``: this rank's shard of the output of attention over the whole
-        sequence, equal to ``scaled_dot_product_attention`` on the unsharded inputs.
+        ``(..., n_local, e)``: this rank's shard of the output of attention over the
+        whole sequence, equal to ``scaled_dot_product_attention`` on the unsharded
+        inputs.
 
     Raises:
         ValueError: when no process group is initialised or this process is not in
@@ -357,22 +377,26 @@ def ring_attention(
 
     Example:
         >>> q = k = v = torch.randn(1, 2, 8, 4)
-        >>> store = torch.distributed.HashStore()  # a one-process "group", for the doctest
-        >>> torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+        >>> dist = torch.distributed
+        >>> store = dist.HashStore()  # a one-process "group", for the doctest
+        >>> dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         >>> out = ring_attention(q, k, v, is_causal=True)
-        >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention
+        >>> ref = sdpa(q, k, v, is_causal=True)
         >>> torch.allclose(out, ref, atol=1e-6)
         True
-        >>> torch.distributed.destroy_process_group()
+        >>> dist.destroy_process_group()
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "ring_attention needs an initialised process group: call "
-            "torch.distributed.init_process_group first (or run it through run_distributed)"
+            "torch.distributed.init_process_group first (or run it through "
+            "run_distributed)"
         )
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}"
+            "group must be a torch.distributed.ProcessGroup or None, got "
+            f"{type(group).__name__}"
         )
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
@@ -400,7 +424,7 @@ def ring_attention(
         _summary(query, key, value, is_causal, scale, enable_gqa, layout),
         None if problem is None else str(problem),
     )
-    everyone = [None] * world_size
+    everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, mine, group=group)
     if problem is not None:
         raise problem
@@ -419,12 +443,14 @@ def ring_attention(
     n_q, n_k = query.shape[-2], key.shape[-2]
     if is_causal and n_q != n_k:
         raise ValueError(
-            f"with is_causal the query and key shards must have one length, got {n_q} and {n_k}"
+            "with is_causal the query and key shards must have one length, got "
+            f"{n_q} and {n_k}"
         )
     if layout == "zigzag" and (n_q % 2 or n_k % 2):
         raise ValueError(
-            f"the zigzag layout needs n divisible by 2P = {2 * world_size}: each rank holds two "
-            f"chunks of equal length, got shards of length {n_q} and {n_k}"
+            f"the zigzag layout needs n divisible by 2P = {2 * world_size}: each rank "
+            "holds two chunks of equal length, got shards of length "
+            f"{n_q} and {n_k}"
         )
     scale = default_scale(scale, query.shape[-1])
     if enable_gqa:  # (..., h_kv, n_local, *) -> (..., h, n_local, *)
@@ -448,13 +474,14 @@ def ring_forward_backward(
     grad_output: Tensor,
     configs: Sequence[dict] = ({},),
 ) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
-    """A worker for :func:`run_distributed`: ring attention forward and backward on whole tensors.
+    """A worker for :func:`run_distributed`: ring attention forward and backward.
 
-    For each configuration, every rank cuts its shard of ``query``, ``key``, ``value``
-    ``(b, h, n, *)`` and of the output gradient with :func:`shard_sequence`, runs
-    :func:`ring_attention` and its backward, then all-gathers the shards of the output and
-    of the three gradients and reassembles them with :func:`unshard_sequence`. Several
-    configurations share one start of the processes, which is the slow part.
+    It takes whole tensors. For each configuration, every rank cuts its shard of
+    ``query``, ``key``, ``value`` ``(b, h, n, *)`` and of the output gradient with
+    :func:`shard_sequence`, runs :func:`ring_attention` and its backward, then
+    all-gathers the shards of the output and of the three gradients and reassembles them
+    with :func:`unshard_sequence`. Several configurations share one start of the
+    processes, which is the slow part.
 
     Args:
         rank, world_size: given by :func:`run_distributed`.
@@ -475,7 +502,9 @@ def ring_forward_backward(
         out = ring_attention(q, k, v, **options)
         out.backward(shards[3])
         whole = []
-        for local in (out.detach(), q.grad, k.grad, v.grad):
+        # backward has filled the three gradients
+        grads = [cast(Tensor, t.grad) for t in (q, k, v)]
+        for local in (out.detach(), *grads):
             parts = [torch.empty_like(local) for _ in range(world_size)]
             dist.all_gather(parts, local.contiguous())
             whole.append(unshard_sequence(parts, layout=layout))
