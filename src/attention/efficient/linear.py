@@ -1,4 +1,7 @@
-r"""Linear attention: kernel feature maps, the chunkwise causal forms (parallel, and Lightning's sequential loop with decay) and the recurrent step (chapter 10).
+r"""Linear attention: feature maps, causal forms and the recurrent step (chapter 10).
+
+The causal forms are the parallel chunkwise form and Lightning's sequential loop with
+decay.
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` heads, ``i`` query
 positions, ``j`` key positions, ``d`` query/key size, ``e`` value size, ``f`` feature
@@ -21,37 +24,40 @@ function here (naive, chunked, recurrent) uses exactly this formula, so they agr
 rounding. It keeps a query whose normaliser is zero (possible with ``relu``) at a zero
 output instead of NaN.
 
-By associativity :math:`(\varphi(Q)\varphi(K)^\top) V = \varphi(Q)(\varphi(K)^\top V)`, so
-the non-causal form costs :math:`O(N f e)` instead of :math:`O(N^2 d)` and never builds
-the ``(i, j)`` matrix. The causal form of :func:`linear_attention` is the *parallel
-chunkwise form*: quadratic inside a chunk, and the states
-:math:`\varphi(K_m)^\top V_m` of all chunks summed at once by an exclusive cumulative sum
-(every chunk's state is stored). Token by token it is an RNN
+By associativity :math:`(\varphi(Q)\varphi(K)^\top) V = \varphi(Q)(\varphi(K)^\top V)`,
+so the non-causal form costs :math:`O(N f e)` instead of :math:`O(N^2 d)` and never
+builds the ``(i, j)`` matrix. The causal form of :func:`linear_attention` is the
+*parallel chunkwise form*: quadratic inside a chunk, and the states
+:math:`\varphi(K_m)^\top V_m` of all chunks summed at once by an exclusive cumulative
+sum (every chunk's state is stored). Token by token it is an RNN
 (:func:`linear_attention_step`).
 
 **Decay and the denominator-free form.** ``decay=`` (a per-head log-decay
-:math:`\log\lambda \le 0`, shape ``(h,)``, RetNet's and Lightning's :math:`\lambda`) weights
-key ``j`` by :math:`\lambda^{i-j}` for query ``i``; ``normalize=False`` drops the
-denominator (TransNormer, Lightning). :func:`lightning_attention` is Lightning
-Attention-2's algorithm :cite:`qin2024lightning`: a *sequential* loop over blocks that keeps
-one running state :math:`S \leftarrow \lambda^{B} S + (\Lambda K_B)^\top V_B`, a per-head
-decay, no feature map and no normaliser, so its memory is one block's tile and one state.
+:math:`\log\lambda \le 0`, shape ``(h,)``, RetNet's and Lightning's :math:`\lambda`)
+weights key ``j`` by :math:`\lambda^{i-j}` for query ``i``; ``normalize=False`` drops
+the denominator (TransNormer, Lightning). :func:`lightning_attention` is Lightning
+Attention-2's algorithm :cite:`qin2024lightning`: a *sequential* loop over blocks that
+keeps one running state :math:`S \leftarrow \lambda^{B} S + (\Lambda K_B)^\top V_B`, a
+per-head decay, no feature map and no normaliser, so its memory is one block's tile and
+one state.
 
 The sequence functions take the package's attention contract, ``(query, key, value, *,
 attn_mask=None, is_causal=False, scale=None, enable_gqa=False, ...)``, and refuse what
-linear attention cannot do: an ``attn_mask`` (the associativity that makes it linear sums
-over all keys, or all earlier ones, without looking at pairs) and a ``scale`` (the feature
-map alone sets the similarity; scale the queries first, or pass ``scale`` to
+linear attention cannot do: an ``attn_mask`` (the associativity that makes it linear
+sums over all keys, or all earlier ones, without looking at pairs) and a ``scale`` (the
+feature map alone sets the similarity; scale the queries first, or pass ``scale`` to
 :func:`random_feature_map`). The only pattern is ``is_causal``, top-left as in
 ``torch.nn.functional.scaled_dot_product_attention``: query ``q`` sees keys ``k <= q``.
 
-The feature maps live in :mod:`attention.efficient.feature_maps`; ``linear_attention_naive`` (the
-quadratic reference) is importable from ``attention.efficient.linear``.
+The feature maps live in :mod:`attention.efficient.feature_maps`;
+``linear_attention_naive`` (the quadratic reference) is importable from
+``attention.efficient.linear``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +90,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- validation
+# ------------------------------------------------------------------------- validation
 
 
 def _check_options(feature_map, eps) -> tuple[FeatureMap, float]:
@@ -97,28 +103,32 @@ def _check_options(feature_map, eps) -> tuple[FeatureMap, float]:
     eps = check_real("eps", eps)
     if not eps >= 0.0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    return feature_map, eps
+    return cast(FeatureMap, feature_map), eps
 
 
 def _refuse_mask_and_scale(function: str, attn_mask, scale) -> None:
     """Linear attention has neither: say so instead of ignoring them."""
     if attn_mask is not None:
         raise ValueError(
-            f"{function} cannot apply an attn_mask: its sums run over all keys (or, with "
-            "is_causal=True, all earlier ones) without forming the (i, j) pairs a mask "
-            "selects; use is_causal, or linear_attention_weights for the pairs"
+            f"{function} cannot apply an attn_mask: its sums run over all keys (or, "
+            "with is_causal=True, all earlier ones) without forming the (i, j) pairs a "
+            "mask selects; use is_causal, or linear_attention_weights for the pairs"
         )
     if scale is not None:
         raise ValueError(
-            f"{function} has no scale: the feature map alone sets the similarity; scale the "
-            f"queries before the call, or draw random_feature_map(..., scale=s), got {scale}"
+            f"{function} has no scale: the feature map alone sets the similarity; "
+            "scale the queries before the call, or draw "
+            f"random_feature_map(..., scale=s), got {scale}"
         )
 
 
 def _check_decay_options(
     decay, normalize, is_causal, query
 ) -> tuple[Tensor | None, bool]:
-    """``decay`` needs an order (``is_causal``); returns it as a broadcastable tensor."""
+    """``decay`` needs an order (``is_causal``); returns it as a broadcastable tensor.
+
+    Also returns ``normalize``, checked.
+    """
     normalize = check_bool("normalize", normalize)
     if decay is not None and not is_causal:
         raise ValueError(
@@ -142,7 +152,10 @@ def _validate(
     *,
     weights_only: bool = False,
 ) -> tuple[FeatureMap, float]:
-    """The boundary checks of the sequence functions; returns the feature map and eps to use."""
+    """The boundary checks of the sequence functions.
+
+    Returns the feature map and the eps to use.
+    """
     if weights_only:
         validate_weights(query, key, attn_mask, is_causal, scale, enable_gqa)
     else:
@@ -152,8 +165,11 @@ def _validate(
 
 
 def _check_decay(decay, query: Tensor, *, head_dim: int) -> Tensor | None:
-    """``decay`` (None, a float or an ``(h,)`` tensor of log-decays <= 0) as a tensor that
-    broadcasts against the head dim at ``head_dim`` of ``query`` (``(h, 1, ...)``)."""
+    """``decay`` as a tensor that broadcasts against the heads of ``query``.
+
+    ``decay`` is None, a float or an ``(h,)`` tensor of log-decays <= 0; the result has
+    its heads at ``head_dim`` of ``query`` (``(h, 1, ...)``).
+    """
     if decay is None:
         return None
     if isinstance(decay, Tensor):
@@ -181,10 +197,22 @@ def _check_decay(decay, query: Tensor, *, head_dim: int) -> Tensor | None:
             "decay is the log of lambda in (0, 1] and must be <= 0, got a maximum "
             f"of {largest:.4g}"
         )
-    # lambda = 0 (log-decay -inf) would give -inf * 0 = NaN on the diagonal; exp(-1000) is
-    # already 0 in every floating dtype, so the clamp changes no weight.
+    # lambda = 0 (log-decay -inf) would give -inf * 0 = NaN on the diagonal;
+    # exp(-1000) is already 0 in every floating dtype, so the clamp changes no weight.
     g = g.clamp(min=-1000.0)
     return g.reshape(-1, *([1] * (-head_dim - 1))) if g.dim() else g
+
+
+@overload
+def _group_heads(
+    query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool
+) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def _group_heads(
+    query: Tensor, key: Tensor, value: None, enable_gqa: bool
+) -> tuple[Tensor, None]: ...
 
 
 def _group_heads(query: Tensor, key: Tensor, value: Tensor | None, enable_gqa: bool):
@@ -209,12 +237,13 @@ def _features(
             )
         if phi.shape[:-1] != x.shape[:-1]:
             raise ValueError(
-                f"feature_map must keep every dimension but the last, got {tuple(x.shape)} "
-                f"-> {tuple(phi.shape)} for the {name}"
+                "feature_map must keep every dimension but the last, got "
+                f"{tuple(x.shape)} -> {tuple(phi.shape)} for the {name}"
             )
         if phi.dtype != x.dtype:
             raise TypeError(
-                f"feature_map must keep the dtype of its input, got {x.dtype} -> {phi.dtype} for the {name}"
+                "feature_map must keep the dtype of its input, got "
+                f"{x.dtype} -> {phi.dtype} for the {name}"
             )
         if (
             non_negative
@@ -223,8 +252,9 @@ def _features(
             and (phi.detach() < 0).any()
         ):
             raise ValueError(
-                "feature_map must be non-negative (the normaliser phi(q) . sum_j phi(k_j) must "
-                f"stay positive), got a minimum of {phi.detach().min().item():.4g} for the {name}"
+                "feature_map must be non-negative (the normaliser "
+                "phi(q) . sum_j phi(k_j) must stay positive), got a minimum of "
+                f"{phi.detach().min().item():.4g} for the {name}"
             )
     if phi_q.shape[-1] != phi_k.shape[-1]:
         raise ValueError(
@@ -235,20 +265,23 @@ def _features(
 
 
 def _known_non_negative(feature_map) -> bool:
-    """The package's own maps are non-negative by construction, so the scan is skipped
-    (a random feature map says so with its ``non_negative`` attribute)."""
+    """Whether ``feature_map`` is non-negative by construction (no scan needed).
+
+    True for the package's own maps; a random feature map says so with its
+    ``non_negative`` attribute.
+    """
     return feature_map in (elu_feature_map, relu_feature_map) or (
         getattr(feature_map, "non_negative", False) is True
     )
 
 
 def _expand_batch(*tensors: Tensor) -> list[Tensor]:
-    """Broadcast the leading (batch) dims of ``(..., n, x)`` tensors against each other."""
+    """Broadcast the leading (batch) dims of ``(..., n, x)`` tensors together."""
     batch = broadcast_shapes("the batch dims", *(t.shape[:-2] for t in tensors))
     return [t.expand(*batch, *t.shape[-2:]) for t in tensors]
 
 
-# --------------------------------------------------------------------------- naive reference
+# -------------------------------------------------------------------- naive reference
 
 
 def linear_attention_weights(
@@ -264,9 +297,14 @@ def linear_attention_weights(
     decay: Tensor | float | None = None,
     normalize: bool = True,
 ) -> Tensor:
-    r"""The ``(..., h, i, j)`` weights of linear attention, built explicitly (for plots and tests).
+    r"""The ``(..., h, i, j)`` weights of linear attention, built explicitly.
 
-    .. math:: A_{ij} = \frac{\varphi(q_i)\cdot\varphi(k_j)}{\sum_{j'} \varphi(q_i)\cdot\varphi(k_{j'}) + \varepsilon}
+    For plots and tests:
+
+    .. math::
+
+        A_{ij} = \frac{\varphi(q_i)\cdot\varphi(k_j)}
+                      {\sum_{j'} \varphi(q_i)\cdot\varphi(k_{j'}) + \varepsilon}
 
     with :math:`A_{ij} = 0` for :math:`j > i` when ``is_causal``. Rows sum to one up to
     the ``eps`` in the denominator.
@@ -284,8 +322,10 @@ def linear_attention_weights(
         ``(..., h, i, j)`` weights (non-negative with a non-negative map).
 
     Example:
-        >>> w = linear_attention_weights(torch.zeros(3, 2), torch.zeros(3, 2), is_causal=True)
-        >>> [round(x, 4) for x in w[2].tolist()]  # equal features: the mean of the seen keys
+        >>> q = k = torch.zeros(3, 2)
+        >>> w = linear_attention_weights(q, k, is_causal=True)
+        >>> # equal features: the mean of the seen keys
+        >>> [round(x, 4) for x in w[2].tolist()]
         [0.3333, 0.3333, 0.3333]
     """
     feature_map, eps = _validate(
@@ -352,8 +392,9 @@ def linear_attention_naive(
 ) -> Tensor:
     r"""Linear attention the quadratic way: build the weights, then multiply the values.
 
-    The reference :func:`linear_attention` is tested against; costs :math:`O(i\,j\,(f+e))`
-    time and :math:`O(i\,j)` memory. Arguments as :func:`linear_attention`.
+    The reference :func:`linear_attention` is tested against; costs
+    :math:`O(i\,j\,(f+e))` time and :math:`O(i\,j)` memory. Arguments as
+    :func:`linear_attention`.
 
     Returns:
         ``(..., h, i, e)``.
@@ -392,7 +433,7 @@ def linear_attention_naive(
     return matmul_skipping(weights, value, future)  # (..., i, e)
 
 
-# --------------------------------------------------------------------------- fast forms
+# ------------------------------------------------------------------------- fast forms
 
 
 def _noncausal(phi_q: Tensor, phi_k: Tensor, value: Tensor, eps: float) -> Tensor:
@@ -420,8 +461,9 @@ def _causal_chunked(
     """
     i, j = phi_q.shape[-2], phi_k.shape[-2]
     phi_q, phi_k, value = _expand_batch(phi_q, phi_k, value)
-    # Top-left causal: keys past the last query are never seen, and queries past the last
-    # key see all keys, so cut / pad the keys to length i (zero features add nothing).
+    # Top-left causal: keys past the last query are never seen, and queries past the
+    # last key see all keys, so cut / pad the keys to length i (zero features add
+    # nothing).
     n = max(1, math.ceil(i / chunk))
     length = n * chunk
     batch, f, e = phi_q.shape[:-2], phi_q.shape[-1], value.shape[-1]
@@ -446,9 +488,10 @@ def _causal_chunked(
     scores = scores.masked_fill_(future, 0.0)
     num = matmul_skipping(scores, vc, future)  # (..., n, c, e + 1)
 
-    # Between chunks: chunk m adds phi(Q_m) S_m, where the state S_m is the sum of the chunk
-    # states phi(K_l)^T [V_l, 1] of the earlier chunks l < m: a cumulative sum shifted by
-    # one (shifted, not cumsum - kv: a huge chunk state would swamp the earlier ones).
+    # Between chunks: chunk m adds phi(Q_m) S_m, where the state S_m is the sum of the
+    # chunk states phi(K_l)^T [V_l, 1] of the earlier chunks l < m: a cumulative sum
+    # shifted by one (shifted, not cumsum - kv: a huge chunk state would swamp the
+    # earlier ones).
     kv = kc.transpose(-2, -1) @ vc  # (..., n, f, e + 1)
     state = F.pad(
         torch.cumsum(kv[..., :-1, :, :], dim=-3), (0, 0, 0, 0, 1, 0)
@@ -469,11 +512,17 @@ def _finish(num: Tensor, length: int, i: int, eps: float, normalize: bool) -> Te
 
 
 def _decayed_chunks(qc, kc, vc, scores, future, g, i, length, eps, normalize) -> Tensor:
-    r"""The parallel chunkwise form with a per-head decay ``g = log lambda`` ``(h, 1, 1)``.
+    r"""The parallel chunkwise form with a per-head log-decay ``g = log lambda``.
 
-    Inside a chunk key ``s`` counts :math:`\lambda^{r-s}` for query ``r``; the state entering
-    chunk ``m`` is :math:`\sum_{l<m} \lambda^{c(m-1-l)} \sum_s \lambda^{c-1-s} \varphi(k_s)[v_s, 1]^\top`,
-    read by query ``r`` with :math:`\lambda^{r+1}`: every exponent is >= 0, every factor <= 1.
+    ``g`` has shape ``(h, 1, 1)``. Inside a chunk key ``s`` counts :math:`\lambda^{r-s}`
+    for query ``r``; the state entering chunk ``m`` is
+
+    .. math::
+
+        \sum_{l<m} \lambda^{c(m-1-l)} \sum_s \lambda^{c-1-s} \varphi(k_s)[v_s, 1]^\top,
+
+    read by query ``r`` with :math:`\lambda^{r+1}`: every exponent is >= 0, every factor
+    <= 1.
     """
     n, c = qc.shape[-3], qc.shape[-2]
     g4 = g.unsqueeze(-1)  # (h, 1, 1, 1) against (..., h, n, c, c)
@@ -512,30 +561,36 @@ def linear_attention(
     decay: Tensor | float | None = None,
     normalize: bool = True,
 ) -> Tensor:
-    r"""Linear attention in linear time: :math:`o_i = \varphi(q_i)^\top S / (\varphi(q_i)^\top z + \varepsilon)`.
+    r"""Linear attention in linear time.
 
-    Non-causal: :math:`S = \varphi(K)^\top V` (``(f, e)``) and :math:`z = \sum_j \varphi(k_j)`
-    are computed once, :math:`O(N f e)` time, no ``(i, j)`` matrix
-    :cite:`katharopoulos2020transformers`.
+    .. math::
 
-    Causal (``is_causal=True``, top-left: query ``q`` sees keys ``k <= q``): the parallel
-    chunkwise form. The sequence is cut into chunks of ``chunk_size`` positions. Inside a chunk
-    the masked quadratic form is used (``(c, c)`` tiles); across chunks each query adds
-    :math:`\varphi(q_i)^\top S_{<n}` where :math:`S_{<n}` is the sum of the chunk states
-    :math:`\varphi(K_m)^\top V_m` of earlier chunks, an exclusive cumulative sum. All chunks
-    are processed at once with batched matmuls: :math:`O(N c (f + e) + N f e)` time.
-    Any ``N`` and ``chunk_size`` work (the last chunk is zero-padded; a chunk longer than
-    the sequence is cut to it). Every chunk's state is held at once, ``(n, f, e)`` of
-    them: :func:`lightning_attention` is the sequential loop that keeps one.
+        o_i = \frac{\varphi(q_i)^\top S}{\varphi(q_i)^\top z + \varepsilon}
 
-    With ``decay`` (causal only), key ``j`` counts :math:`\lambda^{i-j}` for query ``i`` in
-    both sums; with ``normalize=False`` the output is the numerator alone,
+    Non-causal: :math:`S = \varphi(K)^\top V` (``(f, e)``) and
+    :math:`z = \sum_j \varphi(k_j)` are computed once, :math:`O(N f e)` time, no
+    ``(i, j)`` matrix :cite:`katharopoulos2020transformers`.
+
+    Causal (``is_causal=True``, top-left: query ``q`` sees keys ``k <= q``): the
+    parallel chunkwise form. The sequence is cut into chunks of ``chunk_size``
+    positions. Inside a chunk the masked quadratic form is used (``(c, c)`` tiles);
+    across chunks each query adds :math:`\varphi(q_i)^\top S_{<n}` where :math:`S_{<n}`
+    is the sum of the chunk states :math:`\varphi(K_m)^\top V_m` of earlier chunks, an
+    exclusive cumulative sum. All chunks are processed at once with batched matmuls:
+    :math:`O(N c (f + e) + N f e)` time. Any ``N`` and ``chunk_size`` work (the last
+    chunk is zero-padded; a chunk longer than the sequence is cut to it). Every chunk's
+    state is held at once, ``(n, f, e)`` of them: :func:`lightning_attention` is the
+    sequential loop that keeps one.
+
+    With ``decay`` (causal only), key ``j`` counts :math:`\lambda^{i-j}` for query ``i``
+    in both sums; with ``normalize=False`` the output is the numerator alone,
     :math:`o_i = \sum_{j \le i} \lambda^{i-j} (\varphi(q_i) \cdot \varphi(k_j))\, v_j`.
 
     Args:
-        query: ``(..., h, i, d)``; key ``(..., h_kv, j, d)``; value ``(..., h_kv, j, e)``;
-            their leading dims broadcast.
-        attn_mask: must be None: linear attention cannot apply a mask (module docstring).
+        query: ``(..., h, i, d)``; key ``(..., h_kv, j, d)``; value
+            ``(..., h_kv, j, e)``; their leading dims broadcast.
+        attn_mask: must be None: linear attention cannot apply a mask (module
+            docstring).
         is_causal: top-left causal pattern.
         scale: must be None: the feature map sets the similarity.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
@@ -557,7 +612,8 @@ def linear_attention(
     Example:
         >>> q, k, v = torch.randn(5, 3), torch.randn(5, 3), torch.randn(5, 2)
         >>> a = linear_attention(q, k, v, is_causal=True, chunk_size=2)
-        >>> torch.allclose(a, linear_attention_naive(q, k, v, is_causal=True), atol=1e-5)
+        >>> b = linear_attention_naive(q, k, v, is_causal=True)
+        >>> torch.allclose(a, b, atol=1e-5)
         True
     """
     feature_map, eps = _validate(
@@ -605,31 +661,35 @@ def linear_attention_step(
         z_t = \lambda z_{t-1} + \varphi(k_t), \quad
         o_t = \frac{\varphi(q_t)^\top S_t}{\varphi(q_t)^\top z_t + \varepsilon}
 
-    (:math:`\lambda = 1` without ``decay``; the numerator alone with ``normalize=False``).
+    (:math:`\lambda = 1` without ``decay``; the numerator alone with
+    ``normalize=False``).
 
     Feeding tokens ``0, 1, ...`` one at a time gives the rows of
-    ``linear_attention(..., is_causal=True)``. Always returns the pair ``(output, state)``.
+    ``linear_attention(..., is_causal=True)``. Always returns the pair
+    ``(output, state)``.
 
     Args:
-        query: ``(..., d)`` the current query ``q_t`` (every leading dim is a batch dim, so
-            ``(b, h, d)`` and ``(b, h, 1, d)`` both work).
+        query: ``(..., d)`` the current query ``q_t`` (every leading dim is a batch
+            dim, so ``(b, h, d)`` and ``(b, h, 1, d)`` both work).
         key: ``(..., d)``, the current key ``k_t``.
         value: ``(..., e)``, the current value ``v_t``.
-        state: ``(S, z)`` from the previous step, ``S`` of shape ``(..., f, e)`` and ``z`` of
-            shape ``(..., f)``; ``None`` for the first token (zero state).
+        state: ``(S, z)`` from the previous step, ``S`` of shape ``(..., f, e)`` and
+            ``z`` of shape ``(..., f)``; ``None`` for the first token (zero state).
         feature_map: non-negative map ``(..., d) -> (..., f)``; default
             :func:`elu_feature_map`.
         eps: added to the denominator, ``>= 0``.
-        decay: ``None``, a float or a tensor ``(h,)`` of per-head log-decays ``<= 0``; with
-            a tensor, the heads are the dim before ``d`` (``(..., h, d)``), or the one
-            before a length-one position axis (``(..., h, 1, d)``).
-        normalize: ``False`` returns :math:`\varphi(q_t)^\top S_t` (``z`` is still kept).
+        decay: ``None``, a float or a tensor ``(h,)`` of per-head log-decays ``<= 0``;
+            with a tensor, the heads are the dim before ``d`` (``(..., h, d)``), or the
+            one before a length-one position axis (``(..., h, 1, d)``).
+        normalize: ``False`` returns :math:`\varphi(q_t)^\top S_t` (``z`` is still
+            kept).
 
     Returns:
         ``(o_t, (S_t, z_t))`` with ``o_t`` of shape ``(..., e)``.
 
     Example:
-        >>> out, (S, z) = linear_attention_step(torch.ones(2), torch.ones(2), torch.ones(3))
+        >>> q = k = torch.ones(2)
+        >>> out, (S, z) = linear_attention_step(q, k, torch.ones(3))
         >>> S.shape, z.shape, out.shape
         (torch.Size([2, 3]), torch.Size([2]), torch.Size([3]))
     """
@@ -717,42 +777,44 @@ def lightning_attention(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    r"""Lightning Attention-2: causal, decayed, denominator-free linear attention, block by block.
+    r"""Lightning Attention-2: causal, decayed, denominator-free, block by block.
 
     .. math::
 
         o_i = \sum_{j \le i} \lambda^{i-j}\, (s\, q_i \cdot k_j)\, v_j
 
-    computed as Algorithm 1 of :cite:`qin2024lightning`: a sequential loop over blocks of
-    ``B = block_size`` positions that keeps one running state :math:`S` ``(d, e)``. Block
-    :math:`t` adds the masked quadratic form inside the block,
-    :math:`[(Q_t K_t^\top) \odot D] V_t` with :math:`D_{rs} = \lambda^{r-s}` (``s <= r``), and
-    the earlier blocks through the state, :math:`\Lambda Q_t S` with
+    computed as Algorithm 1 of :cite:`qin2024lightning`: a sequential loop over blocks
+    of ``B = block_size`` positions that keeps one running state :math:`S` ``(d, e)``.
+    Block :math:`t` adds the masked quadratic form inside the block,
+    :math:`[(Q_t K_t^\top) \odot D] V_t` with :math:`D_{rs} = \lambda^{r-s}`
+    (``s <= r``), and the earlier blocks through the state, :math:`\Lambda Q_t S` with
     :math:`\Lambda = \mathrm{diag}(\lambda^{1}, \dots, \lambda^{B})`; then
     :math:`S \leftarrow \lambda^{B} S + (\lambda^{B-1-s} K_t)^\top V_t`. Memory: one
     ``(B, B)`` tile and one state per head, whatever the length; the parallel chunkwise
-    form of :func:`linear_attention` holds every chunk's state at once instead.
-    Rows see only what the recurrence sees: a NaN key or value at position ``p`` makes
-    rows ``>= p`` NaN and leaves the earlier rows of its block alone.
+    form of :func:`linear_attention` holds every chunk's state at once instead. Rows see
+    only what the recurrence sees: a NaN key or value at position ``p`` makes rows
+    ``>= p`` NaN and leaves the earlier rows of its block alone.
 
     There is no feature map and no normaliser (TransNormer's and Lightning's choice: the
-    model normalises the output afterwards). The query is multiplied by ``scale`` (default
-    :math:`d^{-1/2}`, as flash-linear-attention's ``lightning_attn``); apply an activation
-    to ``query`` and ``key`` first if the model uses one. Equal to
+    model normalises the output afterwards). The query is multiplied by ``scale``
+    (default :math:`d^{-1/2}`, as flash-linear-attention's ``lightning_attn``); apply an
+    activation to ``query`` and ``key`` first if the model uses one. Equal to
     ``linear_attention(s * query, key, value, is_causal=True, decay=decay,
     normalize=False, feature_map=lambda x: x)``, and, token by token, to
     :func:`linear_attention_step` with the same options.
 
     Args:
-        query: ``(..., h, n, d)``; key ``(..., h_kv, n, d)``; value ``(..., h_kv, n, e)``
-            (causal self-attention: queries and keys have the same length ``n``).
+        query: ``(..., h, n, d)``; key ``(..., h_kv, n, d)``; value
+            ``(..., h_kv, n, e)`` (causal self-attention: queries and keys have the same
+            length ``n``).
         attn_mask: must be None (module docstring).
         is_causal: must be True: the decay and the running state need an order.
         scale: multiplies the query; default :math:`d^{-1/2}`.
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
-        decay: ``None`` (no decay, :math:`\lambda = 1`), a float, or a tensor ``(h,)`` of
-            per-head log-decays :math:`\log \lambda \le 0`.
-        block_size: positions per block ``B >= 1`` (any ``n``: the last block is shorter).
+        decay: ``None`` (no decay, :math:`\lambda = 1`), a float, or a tensor ``(h,)``
+            of per-head log-decays :math:`\log \lambda \le 0`.
+        block_size: positions per block ``B >= 1`` (any ``n``: the last block is
+            shorter).
         initial_state: ``(..., h, d, e)`` state before the first token; default zeros.
         output_final_state: also return the state after the last token.
 
