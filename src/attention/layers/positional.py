@@ -1,4 +1,6 @@
-"""Position information for attention: sinusoidal, rotary, linear-bias and bucketed (chapter 7).
+"""Position information for attention (chapter 7).
+
+Four kinds: sinusoidal, rotary, linear-bias and bucketed.
 
 Self-attention without position information is permutation-equivariant: shuffle the
 tokens and the outputs are shuffled the same way. Every function here injects order in
@@ -7,11 +9,11 @@ one of the ways the chapter compares:
 * :func:`sinusoidal_positions`: the absolute encoding added to the token embeddings
   (Vaswani et al., 2017).
 * :func:`rope_frequencies` and :func:`apply_rope`: rotary position embedding (RoPE; Su
-  et al., 2021), a rotation of each query/key feature pair by an angle proportional to the
-  position, so that a query-key score depends only on the distance between the two
+  et al., 2021), a rotation of each query/key feature pair by an angle proportional to
+  the position, so that a query-key score depends only on the distance between the two
   positions. Both feature layouts are supported: pairs ``(k, k + d/2)`` as in Hugging
-  Face's Llama (``interleaved=False``) and pairs ``(2k, 2k+1)`` as in RoFormer and Meta's
-  complex-number form (``interleaved=True``). The ``scaling`` dict stretches the
+  Face's Llama (``interleaved=False``) and pairs ``(2k, 2k+1)`` as in RoFormer and
+  Meta's complex-number form (``interleaved=True``). The ``scaling`` dict stretches the
   frequencies at inference (position interpolation, NTK-aware scaling, Llama 3.1's
   scaling and YaRN, with YaRN's attention factor).
 * :func:`alibi_slopes` and :func:`alibi_bias`: ALiBi (Press et al., 2022), a per-head
@@ -24,7 +26,8 @@ one of the ways the chapter compares:
   the logarithm of their position.
 
 Shape legend: ``b`` batch (any number of leading dims ``...``), ``h`` heads, ``i`` query
-positions, ``j`` key positions, ``n`` sequence length when ``i = j``, ``d`` feature size.
+positions, ``j`` key positions, ``n`` sequence length when ``i = j``, ``d`` feature
+size.
 
 Mask convention: a bias from :func:`alibi_bias` is a float mask, *added* to the scores;
 boolean masks elsewhere in the package mean **True = may attend**, as in
@@ -136,7 +139,7 @@ def sinusoidal_positions(
 def rope_frequencies(
     d: int, *, base: float = 10000.0, scaling: dict | None = None
 ) -> Tensor:
-    r"""The inverse frequencies :math:`\theta_k = \text{base}^{-2k/d}` of rotary embeddings.
+    r"""The inverse frequencies :math:`\theta_k = \text{base}^{-2k/d}` of RoPE.
 
     Feature pair ``k`` of a query or key at position ``p`` is rotated by the angle
     :math:`p\,\theta_k`. ``scaling`` changes the frequencies so that a model trained on
@@ -173,8 +176,8 @@ def rope_frequencies(
         scaling: None or a dict as above.
 
     Returns:
-        ``(d/2,)`` float64 frequencies (float64 because ``p * theta`` at large ``p`` needs
-        the precision; cast where needed).
+        ``(d/2,)`` float64 frequencies (float64 because ``p * theta`` at large ``p``
+        needs the precision; cast where needed).
 
     Example:
         >>> rope_frequencies(4).tolist()  # 10000^0, 10000^(-1/2)
@@ -200,12 +203,14 @@ def apply_rope(
     interleaved: bool = False,
     scaling: dict | None = None,
 ) -> Tensor:
-    r"""Rotary position embedding: rotate each feature pair of ``x`` by ``position * theta_k``.
+    r"""Rotary position embedding: rotate each feature pair ``k`` by ``p * theta_k``.
+
+    ``p`` is the position of the row of ``x``:
 
     .. math::
         \begin{pmatrix} y_a \\ y_b \end{pmatrix} =
-        \begin{pmatrix} \cos p\theta_k & -\sin p\theta_k \\ \sin p\theta_k & \cos p\theta_k
-        \end{pmatrix}
+        \begin{pmatrix} \cos p\theta_k & -\sin p\theta_k \\
+                        \sin p\theta_k & \cos p\theta_k \end{pmatrix}
         \begin{pmatrix} x_a \\ x_b \end{pmatrix}
 
     Apply it to the queries and the keys (not the values); then
@@ -215,8 +220,8 @@ def apply_rope(
     Args:
         x: ``(..., n, d)`` queries or keys, ``d`` even (e.g. ``(b, h, n, d)`` per head).
         positions: integer positions of the ``n`` rows: ``(n,)`` or any shape that
-            broadcasts to ``(..., n)``; default ``arange(n)``. During cached decoding pass
-            the positions of the new tokens.
+            broadcasts to ``(..., n)``; default ``arange(n)``. During cached decoding
+            pass the positions of the new tokens.
         base: see :func:`rope_frequencies`.
         interleaved: False pairs feature ``k`` with ``k + d/2`` (Hugging Face's
             ``rotate_half``, used by Llama checkpoints there); True pairs ``2k`` with
@@ -228,12 +233,13 @@ def apply_rope(
             result is a rotation times that factor and ``q . k`` grows by its square.
 
     Returns:
-        The rotated ``x``: same shape and dtype. The angles are computed in float64; their
-        cosines and sines are rounded to ``x``'s dtype.
+        The rotated ``x``: same shape and dtype. The angles are computed in float64;
+        their cosines and sines are rounded to ``x``'s dtype.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0]], dtype=torch.float64)  # one feature pair
-        >>> apply_rope(x, torch.tensor([1])).tolist() == [[math.cos(1.0), math.sin(1.0)]]
+        >>> y = apply_rope(x, torch.tensor([1]))
+        >>> y.tolist() == [[math.cos(1.0), math.sin(1.0)]]
         True
     """
     return rotate(x, positions, base, interleaved, scaling)
@@ -243,9 +249,9 @@ def alibi_slopes(num_heads: int) -> Tensor:
     r"""The per-head slopes of ALiBi: a geometric sequence, one slope per head.
 
     For ``h`` a power of two, :math:`m_k = 2^{-8k/h}` for ``k = 1 ... h`` (for 8 heads:
-    1/2, 1/4, ..., 1/256). Otherwise, as in the paper, the ``2^floor(log2 h)`` slopes of the
-    largest power of two below ``h`` come first, followed by every other slope of the
-    sequence for twice that power until there are ``h``.
+    1/2, 1/4, ..., 1/256). Otherwise, as in the paper, the ``2^floor(log2 h)`` slopes of
+    the largest power of two below ``h`` come first, followed by every other slope of
+    the sequence for twice that power until there are ``h``.
 
     Args:
         num_heads: ``h`` >= 1.
@@ -270,10 +276,11 @@ def alibi_bias(
 ) -> Tensor:
     r"""ALiBi's additive attention bias :math:`-m_h \, |q - k|` for every head.
 
-    The ``i`` queries sit at the last ``i`` of the ``j`` key positions (``q = j - i + r``
-    for row ``r``), as in decoding with a cache; ``i = j`` is the square case. Add it to the
-    scores, i.e. pass it as a float ``attn_mask`` (combine it with a causal mask for a
-    decoder: boolean masks mean True = may attend, float masks are added).
+    The ``i`` queries sit at the last ``i`` of the ``j`` key positions
+    (``q = j - i + r`` for row ``r``), as in decoding with a cache; ``i = j`` is the
+    square case. Add it to the scores, i.e. pass it as a float ``attn_mask`` (combine it
+    with a causal mask for a decoder: boolean masks mean True = may attend, float masks
+    are added).
 
     Args:
         num_heads: ``h``, one slope per head (:func:`alibi_slopes`).
@@ -294,8 +301,8 @@ def alibi_bias(
     j = check_int("j", j, minimum=0)
     if i > j:
         raise ValueError(
-            f"the i queries are the last i of the j key positions, so i <= j is needed, "
-            f"got i={i} and j={j}"
+            "the i queries are the last i of the j key positions, so i <= j is "
+            f"needed, got i={i} and j={j}"
         )
     dtype = check_float_dtype(dtype)
     device = check_device("device", device)
@@ -317,20 +324,25 @@ def relative_position_bucket(
 ) -> Tensor:
     r"""T5's bucket for a relative position (key position minus query position).
 
-    Small distances get a bucket each; larger ones share logarithmically wider buckets up
-    to ``max_distance``, beyond which all distances share the last bucket. Each bucket
-    owns one learned bias per head, added to the scores. With ``bidirectional=True`` half
-    the buckets are for keys after the query; with False, keys after the query (positive
-    relative positions) all fall in bucket 0.
+    Small distances get a bucket each; larger ones share logarithmically wider buckets
+    up to ``max_distance``, beyond which all distances share the last bucket. Each
+    bucket owns one learned bias per head, added to the scores. With
+    ``bidirectional=True`` half the buckets are for keys after the query; with False,
+    keys after the query (positive relative positions) all fall in bucket 0.
 
     With :math:`B` buckets per direction and :math:`E = B/2` exact ones, a distance
     :math:`r \ge E` goes to bucket
-    :math:`\min\!\big(B - 1,\; E + \lfloor \ln(r/E) / \ln(\text{max\_distance}/E) \cdot (B - E) \rfloor\big)`.
+
+    .. math::
+
+        \min\!\big(B - 1,\;
+        E + \lfloor \ln(r/E) / \ln(\text{max\_distance}/E) \cdot (B - E) \rfloor\big).
 
     Args:
         relative_position: integer tensor of any shape, ``key - query``.
         bidirectional: whether keys may follow the query (encoder) or not (decoder).
-        num_buckets: buckets in all; per direction ``num_buckets // 2`` if bidirectional.
+        num_buckets: buckets in all; per direction ``num_buckets // 2`` if
+            bidirectional.
         max_distance: distances from here on share the last bucket; must exceed the
             number of exact buckets.
 
@@ -352,12 +364,13 @@ def relative_position_bucket(
     exact = per_side // 2
     if exact < 1:
         raise ValueError(
-            f"num_buckets must leave at least 2 buckets per direction, got {num_buckets} "
-            f"(bidirectional={bidirectional})"
+            "num_buckets must leave at least 2 buckets per direction, got "
+            f"{num_buckets} (bidirectional={bidirectional})"
         )
     if max_distance <= exact:
         raise ValueError(
-            f"max_distance must exceed the {exact} exact buckets, got max_distance={max_distance}"
+            f"max_distance must exceed the {exact} exact buckets, got "
+            f"max_distance={max_distance}"
         )
 
     rel = rel.to(torch.int64)
@@ -369,8 +382,9 @@ def relative_position_bucket(
     else:
         offset = torch.zeros_like(rel)
         distance = (-rel).clamp(min=0)  # keys after the query count as distance 0
-    # float64 logarithms: the same buckets as T5's float32 code, with room to spare at the
-    # bucket edges (distances E * (max_distance / E)^(t / (B - E)) that are integers)
+    # float64 logarithms: the same buckets as T5's float32 code, with room to spare at
+    # the bucket edges (distances E * (max_distance / E)^(t / (B - E)) that are
+    # integers)
     ratio = distance.clamp(min=exact).to(torch.float64) / exact
     log_bucket = (ratio.log() / math.log(max_distance / exact) * (per_side - exact)).to(
         torch.int64
