@@ -1,9 +1,9 @@
 """Model-agnostic statistics of attention maps, per layer and head (chapter 17).
 
-Each function takes weights ``(..., h, i, j)`` (or ``(..., i, j)``), e.g. the maps of one
-sentence stacked over a model's layers, ``(num_layers, h, i, j)``, and reduces the query
-and key axes to one number per head (or per layer): how spread out the rows are, how
-much weight goes to chosen keys, how different the heads are.
+Each function takes weights ``(..., h, i, j)`` (or ``(..., i, j)``), e.g. the maps of
+one sentence stacked over a model's layers, ``(num_layers, h, i, j)``, and reduces the
+query and key axes to one number per head (or per layer): how spread out the rows are,
+how much weight goes to chosen keys, how different the heads are.
 
 Shape legend: ``h`` heads, ``i`` query positions, ``j`` key positions; every leading
 dim ``...`` is kept. NaN in a map propagates to its statistics. ``head_distances`` and
@@ -34,7 +34,7 @@ __all__ = [
 
 
 def _positions(name: str, positions, size: int) -> list[int]:
-    """One position or several (ints, or a 1-D integer tensor), each in ``[0, size)``."""
+    """One position or several (ints, or a 1-D integer tensor), each in [0, size)."""
     if isinstance(positions, Tensor):
         if (
             positions.is_floating_point()
@@ -51,7 +51,8 @@ def _positions(name: str, positions, size: int) -> list[int]:
     checked = [check_int(name, p) for p in positions]
     if not checked or any(not 0 <= p < size for p in checked):
         raise ValueError(
-            f"{name} must be a non-empty list of positions in [0, {size}), got {checked}"
+            f"{name} must be a non-empty list of positions in [0, {size}), "
+            f"got {checked}"
         )
     return checked
 
@@ -59,14 +60,16 @@ def _positions(name: str, positions, size: int) -> list[int]:
 def mean_attention_entropy(attentions: Tensor) -> Tensor:
     r"""Entropy of each query's attention row (nats), averaged over the queries.
 
-    :math:`\bar H = \frac1n \sum_i -\sum_j A_{ij} \log A_{ij}`: 0 when every query looks
-    at one key, :math:`\log n` when every query spreads its weight evenly over ``n`` keys.
+    :math:`\bar H = \frac1n \sum_i -\sum_j A_{ij} \log A_{ij}`: 0 when every query
+    looks at one key, :math:`\log n` when every query spreads its weight evenly over
+    ``n`` keys.
 
     Args:
         attentions: ``(..., i, j)``, e.g. ``(num_layers, h, i, j)``.
 
     Returns:
-        ``(...)``, e.g. ``(num_layers, h)``; NaN where there is no query row (``i = 0``).
+        ``(...)``, e.g. ``(num_layers, h)``; NaN where there is no query row
+        (``i = 0``).
 
     Example:
         >>> round(mean_attention_entropy(torch.full((3, 4), 0.25)).item(), 4)  # log 4
@@ -77,10 +80,10 @@ def mean_attention_entropy(attentions: Tensor) -> Tensor:
 
 
 def sink_share(attentions: Tensor, keys: int | Sequence[int]) -> Tensor:
-    r"""Weight that the queries put on the key position(s) ``keys``, averaged over queries.
+    r"""Weight the queries put on the key position(s) ``keys``, averaged over queries.
 
-    :math:`\frac1n \sum_i \sum_{j \in \text{keys}} A_{ij}`; with ``keys`` the ``[CLS]`` and
-    ``[SEP]`` positions this measures how much a head "parks" its weight on them.
+    :math:`\frac1n \sum_i \sum_{j \in \text{keys}} A_{ij}`; with ``keys`` the ``[CLS]``
+    and ``[SEP]`` positions this measures how much a head "parks" its weight on them.
 
     Args:
         attentions: ``(..., i, j)``, e.g. ``(num_layers, h, i, j)``.
@@ -110,12 +113,12 @@ def _kl_bits(p: Tensor, q: Tensor) -> Tensor:
 
 
 def head_distances(attentions: Tensor) -> Tensor:
-    r"""Jensen-Shannon distance between every pair of heads' maps, averaged over queries.
+    r"""Jensen-Shannon distance between each pair of heads' maps, averaged over queries.
 
     For heads ``a`` and ``b`` and query row ``i``, with :math:`M = (P + Q)/2`,
-    :math:`\mathrm{JS} = \tfrac12 \mathrm{KL}(P\|M) + \tfrac12 \mathrm{KL}(Q\|M)` in bits,
-    and the distance is :math:`\sqrt{\mathrm{JS}} \in [0, 1]` (0: same row, 1: disjoint
-    supports). The result is its mean over the query rows.
+    :math:`\mathrm{JS} = \tfrac12 \mathrm{KL}(P\|M) + \tfrac12 \mathrm{KL}(Q\|M)` in
+    bits, and the distance is :math:`\sqrt{\mathrm{JS}} \in [0, 1]` (0: same row, 1:
+    disjoint supports). The result is its mean over the query rows.
 
     Args:
         attentions: ``(..., h, i, j)``, e.g. ``(num_layers, h, i, j)``.
@@ -124,7 +127,8 @@ def head_distances(attentions: Tensor) -> Tensor:
         ``(..., h, h)``, symmetric with a zero diagonal.
 
     Example:
-        >>> maps = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])  # two heads, disjoint keys
+        >>> # two heads, disjoint keys
+        >>> maps = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
         >>> head_distances(maps).tolist()
         [[0.0, 1.0], [1.0, 0.0]]
     """
@@ -143,7 +147,8 @@ def head_diversity(attentions: Tensor) -> Tensor:
     disjoint keys. See :func:`head_distances`.
 
     Args:
-        attentions: ``(..., h, i, j)``, e.g. ``(num_layers, h, i, j)``; needs ``h >= 2``.
+        attentions: ``(..., h, i, j)``, e.g. ``(num_layers, h, i, j)``; needs
+            ``h >= 2``.
 
     Returns:
         ``(...)``, e.g. ``(num_layers,)``.
@@ -164,7 +169,7 @@ def head_diversity(attentions: Tensor) -> Tensor:
 def attention_share(
     attentions: Tensor, query: int, keys: int | Sequence[int]
 ) -> Tensor:
-    r"""The share of query ``query``'s attention that goes to the key position(s) ``keys``.
+    r"""The share of query ``query``'s attention that goes to the keys at ``keys``.
 
     :math:`s = \sum_{j \in \text{keys}} A_{\text{query}, j}`, for every leading index.
 
@@ -190,7 +195,9 @@ def attention_share(
 
 
 def top_heads(share: Tensor, k: int = 5) -> list[tuple[int, int, float]]:
-    """The ``k`` largest entries of a ``(num_layers, h)`` table as ``(layer, head, value)``, largest first.
+    """The ``k`` largest entries of a ``(num_layers, h)`` table, largest first.
+
+    Each entry is returned as ``(layer, head, value)``.
 
     Ties keep the order of ``torch.topk``; a NaN entry ranks first, as in ``topk``.
 
