@@ -8,19 +8,20 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positio
 Multi-head attention caches ``2 * h * d`` numbers per token and layer. Multi-head latent
 attention (MLA; DeepSeek-AI, 2024) caches one vector per token instead:
 
-* a *latent* :math:`c_j = \\operatorname{RMSNorm}(W^{DKV} x_j)` of size ``r``, from which
-  every head's key and value are low-rank projections, :math:`k^C_{j,h} = W^{UK}_h c_j`
-  and :math:`v_{j,h} = W^{UV}_h c_j`;
-* one rotary key :math:`k^R_j = \\operatorname{RoPE}_j(W^{KR} x_j)` of size ``q``, shared
-  by all heads (RoPE is *decoupled*: it lives in its own few dimensions).
+* a *latent* :math:`c_j = \\operatorname{RMSNorm}(W^{DKV} x_j)` of size ``r``, from
+  which every head's key and value are low-rank projections,
+  :math:`k^C_{j,h} = W^{UK}_h c_j` and :math:`v_{j,h} = W^{UV}_h c_j`;
+* one rotary key :math:`k^R_j = \\operatorname{RoPE}_j(W^{KR} x_j)` of size ``q``,
+  shared by all heads (RoPE is *decoupled*: it lives in its own few dimensions).
 
-A head's score is :math:`(q^C_{i,h} \\cdot k^C_{j,h} + q^R_{i,h} \\cdot k^R_j) /
-\\sqrt{p + q}`. Because :math:`q^C \\cdot W^{UK} c = (W^{UK\\top} q^C) \\cdot c`, the key
-up-projection can be folded into the query (and the value up-projection into the output):
-the *absorbed* form attends straight from the cached latents, like multi-query attention
-with keys ``[c, k^R]`` of size ``r + q`` and values ``c``. RoPE must stay out of the
-latent: a rotation between :math:`W^{UK}` and the dot product depends on the position
-``j``, so no single matrix could be absorbed.
+A head's score is
+:math:`(q^C_{i,h} \\cdot k^C_{j,h} + q^R_{i,h} \\cdot k^R_j) / \\sqrt{p + q}`. Because
+:math:`q^C \\cdot W^{UK} c = (W^{UK\\top} q^C) \\cdot c`, the key up-projection can be
+folded into the query (and the value up-projection into the output): the *absorbed* form
+attends straight from the cached latents, like multi-query attention with keys
+``[c, k^R]`` of size ``r + q`` and values ``c``. RoPE must stay out of the latent: a
+rotation between :math:`W^{UK}` and the dot product depends on the position ``j``, so no
+single matrix could be absorbed.
 
 Mask convention: causal masking is built in (``is_causal``); masks elsewhere in the
 package are boolean with **True = may attend**, as in
@@ -57,13 +58,15 @@ __all__ = ["LatentKVCache", "MultiHeadLatentAttention"]
 
 
 class LatentKVCache(LinearCache):
-    """The MLA cache: per token, the latent ``c`` (``r`` values) and the rotary key (``q`` values).
+    """The MLA cache: per token, the latent ``c`` (``r`` values) and the rotary key.
+
+    The rotary key holds ``q`` values.
 
     Nothing else is stored: one buffer of ``(b, max_len, r + q)`` whose first ``r``
     features of a row are the normalised latent of a token and whose last ``q`` are its
     rotated, head-shared key. Per token and layer that is ``r + q`` numbers, against
-    ``2 * h * d`` for multi-head attention (DeepSeek-V3: 576, where 128 heads of 128 would
-    cache 32 768).
+    ``2 * h * d`` for multi-head attention (DeepSeek-V3: 576, where 128 heads of 128
+    would cache 32 768).
 
     Args:
         batch_size: ``b``.
@@ -78,7 +81,8 @@ class LatentKVCache(LinearCache):
         length: positions stored.
 
     Example:
-        >>> cache = LatentKVCache(2, 16, kv_lora_rank=8, qk_rope_head_dim=4, dtype=torch.float16)
+        >>> cache = LatentKVCache(2, 16, kv_lora_rank=8, qk_rope_head_dim=4,
+        ...                       dtype=torch.float16)
         >>> cache.nbytes == 2 * 16 * (8 + 4) * 2
         True
     """
@@ -119,7 +123,8 @@ class LatentKVCache(LinearCache):
         """Bytes per token: ``(r + q) * bytes_per_element * num_layers``.
 
         Example:
-            >>> LatentKVCache.bytes_per_token(512, 64, num_layers=61)  # DeepSeek-V3, 16-bit
+            >>> # DeepSeek-V3, 16-bit
+            >>> LatentKVCache.bytes_per_token(512, 64, num_layers=61)
             70272
         """
         r = check_int("kv_lora_rank", kv_lora_rank, minimum=1)
@@ -131,23 +136,23 @@ class LatentKVCache(LinearCache):
         return (self.buffer,)
 
     def update(self, latent: Tensor, rope_key: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``n`` positions; return the latents and rotary keys of all positions so far.
+        """Append ``n`` positions; return the latents and rotary keys of all so far.
 
         Args:
             latent: ``(b, n, r)`` normalised latents of the new positions.
             rope_key: ``(b, n, q)`` their rotated shared keys.
 
         Returns:
-            ``(latents, rope_keys)``: ``(b, length, r)`` and ``(b, length, q)``, views into
-            the buffer valid until the next update.
+            ``(latents, rope_keys)``: ``(b, length, r)`` and ``(b, length, q)``, views
+            into the buffer valid until the next update.
         """
         r, q = self.kv_lora_rank, self.qk_rope_head_dim
         for name, t, width in (("latent", latent, r), ("rope_key", rope_key, q)):
             check_tensor(name, t, floating=True)
             if t.dim() != 3 or t.shape[0] != self.batch_size or t.shape[2] != width:
                 raise ValueError(
-                    f"{name} must have shape (b, n, {width}) with b = {self.batch_size}, "
-                    f"got {tuple(t.shape)}"
+                    f"{name} must have shape (b, n, {width}) with "
+                    f"b = {self.batch_size}, got {tuple(t.shape)}"
                 )
             if t.dtype != self.dtype:
                 raise TypeError(
@@ -156,7 +161,8 @@ class LatentKVCache(LinearCache):
         n = latent.shape[1]
         if rope_key.shape[1] != n:
             raise ValueError(
-                f"latent and rope_key must have the same positions, got {n} and {rope_key.shape[1]}"
+                "latent and rope_key must have the same positions, got "
+                f"{n} and {rope_key.shape[1]}"
             )
         self._check_fits(n)
         start, stop = self.length, self.length + n
@@ -169,14 +175,17 @@ class LatentKVCache(LinearCache):
 
     def __repr__(self) -> str:
         return (
-            f"LatentKVCache(batch_size={self.batch_size}, length={self.length}/{self.max_len}, "
-            f"kv_lora_rank={self.kv_lora_rank}, qk_rope_head_dim={self.qk_rope_head_dim}, "
-            f"dtype={self.dtype})"
+            f"LatentKVCache(batch_size={self.batch_size}, "
+            f"length={self.length}/{self.max_len}, "
+            f"kv_lora_rank={self.kv_lora_rank}, "
+            f"qk_rope_head_dim={self.qk_rope_head_dim}, dtype={self.dtype})"
         )
 
 
 class MultiHeadLatentAttention(nn.Module):
-    r"""Multi-head latent attention: low-rank keys and values, decoupled RoPE, a latent cache.
+    r"""Multi-head latent attention (MLA): low-rank keys and values, decoupled RoPE.
+
+    Its cache holds one latent and one rotary key per token:
 
     .. math::
         c_j = \operatorname{RMSNorm}(W^{DKV} x_j), \quad
@@ -184,7 +193,8 @@ class MultiHeadLatentAttention(nn.Module):
         v_{j,h} = W^{UV}_h c_j, \\
         q_{i,h} = [q^C_{i,h},\ \operatorname{RoPE}_i(q^R_{i,h})], \quad
         o_i = W^O \operatorname{concat}_h \sum_j
-        \operatorname{softmax}_j\Big(\frac{q_{i,h} \cdot k_{j,h}}{\sqrt{p + q}}\Big) v_{j,h}
+        \operatorname{softmax}_j\Big(\frac{q_{i,h} \cdot k_{j,h}}{\sqrt{p + q}}\Big)
+        v_{j,h}
 
     with the query either a full projection of :math:`x_i` or, with ``q_lora_rank``, a
     low-rank one through its own RMS-normalised latent.
@@ -193,7 +203,8 @@ class MultiHeadLatentAttention(nn.Module):
         embed_dim: model size of the input and output.
         num_heads: ``h``.
         kv_lora_rank: ``r``, size of the cached latent; ``r <= embed_dim`` and
-            ``r <= h * (p + e)`` (a rank cannot exceed either side of the factorisation).
+            ``r <= h * (p + e)`` (a rank cannot exceed either side of the
+            factorisation).
         qk_nope_head_dim: ``p``, per-head query/key size without position.
         qk_rope_head_dim: ``q``, per-head rotary size (even: RoPE rotates pairs).
         v_head_dim: ``e``, per-head value size.
@@ -204,10 +215,11 @@ class MultiHeadLatentAttention(nn.Module):
         norm_eps: epsilon of the two RMSNorms.
         device, dtype: where and in which dtype to create the parameters.
 
-    Submodules: ``w_query`` (embed_dim -> h(p+q)) or ``w_query_down`` (embed_dim -> q_lora_rank),
-    ``query_norm``, ``w_query_up`` (q_lora_rank -> h(p+q)); ``w_kv_down`` (embed_dim -> r+q:
-    the latent and the rotary key), ``kv_norm``, ``w_kv_up`` (r -> h(p+e): per head the key
-    rows, then the value rows), ``w_out`` (h e -> embed_dim). No biases.
+    Submodules: ``w_query`` (embed_dim -> h(p+q)) or ``w_query_down``
+    (embed_dim -> q_lora_rank), ``query_norm``, ``w_query_up`` (q_lora_rank -> h(p+q));
+    ``w_kv_down`` (embed_dim -> r+q: the latent and the rotary key), ``kv_norm``,
+    ``w_kv_up`` (r -> h(p+e): per head the key rows, then the value rows), ``w_out``
+    (h e -> embed_dim). No biases.
 
     Example:
         >>> mla = MultiHeadLatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=6,
@@ -248,17 +260,18 @@ class MultiHeadLatentAttention(nn.Module):
             )
         if r > min(embed_dim, h * (p + e)):
             raise ValueError(
-                "kv_lora_rank must not exceed embed_dim or num_heads * (qk_nope_head_dim + "
-                f"v_head_dim) (a rank cannot exceed either side), got {r} with embed_dim="
-                f"{embed_dim} and {h} * ({p} + {e}) = {h * (p + e)}"
+                "kv_lora_rank must not exceed embed_dim or num_heads * "
+                "(qk_nope_head_dim + v_head_dim) (a rank cannot exceed either side), "
+                f"got {r} with embed_dim={embed_dim} and {h} * ({p} + {e}) = "
+                f"{h * (p + e)}"
             )
         if q_lora_rank is not None:
             q_lora_rank = check_int("q_lora_rank", q_lora_rank, minimum=1)
             if q_lora_rank > min(embed_dim, h * (p + q)):
                 raise ValueError(
-                    "q_lora_rank must not exceed embed_dim or num_heads * (qk_nope_head_dim + "
-                    f"qk_rope_head_dim), got {q_lora_rank} with embed_dim={embed_dim} and "
-                    f"{h} * ({p} + {q}) = {h * (p + q)}"
+                    "q_lora_rank must not exceed embed_dim or num_heads * "
+                    f"(qk_nope_head_dim + qk_rope_head_dim), got {q_lora_rank} with "
+                    f"embed_dim={embed_dim} and {h} * ({p} + {q}) = {h * (p + q)}"
                 )
         self.rope = rope_config(rope, default=RotaryConfig())
         check_scaling(self.rope.scaling, q)
@@ -305,7 +318,10 @@ class MultiHeadLatentAttention(nn.Module):
         dtype: torch.dtype | None = None,
         device=None,
     ) -> LatentKVCache:
-        """An empty :class:`LatentKVCache` for this module (dtype and device of its weights)."""
+        """An empty :class:`LatentKVCache` for this module.
+
+        Its dtype and device default to those of the module's weights.
+        """
         weight = self.w_kv_down.weight
         return LatentKVCache(
             batch_size,
@@ -317,7 +333,10 @@ class MultiHeadLatentAttention(nn.Module):
         )
 
     def up_projections(self) -> tuple[Tensor, Tensor]:
-        """The per-head up-projections :math:`W^{UK}` ``(h, p, r)`` and :math:`W^{UV}` ``(h, e, r)``."""
+        """The per-head up-projections :math:`W^{UK}` and :math:`W^{UV}`.
+
+        Shapes ``(h, p, r)`` and ``(h, e, r)``.
+        """
         h, p, e, r = (
             self.num_heads,
             self.qk_nope_head_dim,
@@ -331,7 +350,8 @@ class MultiHeadLatentAttention(nn.Module):
         check_tensor("x", x, floating=True)
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
-                f"x must have shape (b, n, embed_dim={self.embed_dim}), got {tuple(x.shape)}"
+                f"x must have shape (b, n, embed_dim={self.embed_dim}), got "
+                f"{tuple(x.shape)}"
             )
         weight = self.w_kv_down.weight
         check_like("x", x, "the module's parameters", weight)
@@ -342,8 +362,8 @@ class MultiHeadLatentAttention(nn.Module):
             check_tensor("positions", positions)
             if tuple(positions.shape) not in ((n,), (b, n)):
                 raise ValueError(
-                    f"positions must have shape (n,) = ({n},) or (b, n) = ({b}, {n}), got "
-                    f"{tuple(positions.shape)}"
+                    f"positions must have shape (n,) = ({n},) or (b, n) = ({b}, {n}), "
+                    f"got {tuple(positions.shape)}"
                 )
             check_positions(positions, (b, n), x, "x", "(b, n)")
         if cache is None:
@@ -367,8 +387,8 @@ class MultiHeadLatentAttention(nn.Module):
             )
         if (cache.dtype, cache.device) != (weight.dtype, weight.device):
             raise TypeError(
-                f"the cache stores {cache.dtype} on {cache.device}, the module computes in "
-                f"{weight.dtype} on {weight.device}"
+                f"the cache stores {cache.dtype} on {cache.device}, the module "
+                f"computes in {weight.dtype} on {weight.device}"
             )
         cache._check_fits(n)
 
@@ -385,15 +405,16 @@ class MultiHeadLatentAttention(nn.Module):
 
         Args:
             x: ``(b, n, embed_dim)``.
-            is_causal: each position sees the positions up to itself (with a cache: every
-                cached position plus the new ones up to itself); False: every position.
+            is_causal: each position sees the positions up to itself (with a cache:
+                every cached position plus the new ones up to itself); False: every
+                position.
             positions: ``(n,)`` or ``(b, n)`` integer positions for RoPE; default
                 ``arange(n)``, or ``cache.length + arange(n)`` with a cache.
-            cache: a :class:`LatentKVCache` (:meth:`new_cache`): the new latents and rotary
-                keys are appended and the queries attend to all stored positions.
-            absorb: attend from the latents directly, with :math:`W^{UK}` folded into the
-                queries and :math:`W^{UV}` applied after the weighted sum; equal to the
-                materialised keys and values (False), without ever forming them.
+            cache: a :class:`LatentKVCache` (:meth:`new_cache`): the new latents and
+                rotary keys are appended and the queries attend to all stored positions.
+            absorb: attend from the latents directly, with :math:`W^{UK}` folded into
+                the queries and :math:`W^{UV}` applied after the weighted sum; equal to
+                the materialised keys and values (False), without ever forming them.
 
         Returns:
             ``(output, None)``: output ``(b, n, embed_dim)``.
@@ -435,7 +456,8 @@ class MultiHeadLatentAttention(nn.Module):
             latent, k_rope = cache.update(latent, k_rope)  # (b, j, r), (b, j, q)
         j = latent.shape[1]
 
-        # bottom-right causal: the new queries see every cached position (none needed for n = 1)
+        # bottom-right causal: the new queries see every cached position (none needed
+        # for n = 1)
         causal = is_causal and n > 1
         attn_mask = (
             decoding_mask(n, num_cached, device=x.device) if causal else None
@@ -443,9 +465,9 @@ class MultiHeadLatentAttention(nn.Module):
 
         w_uk, w_uv = self.up_projections()  # (h, p, r), (h, e, r)
         if absorb:
-            # q^C . (W^UK c) = (W^UK^T q^C) . c: every head reads the same key [c, k^R] and
-            # the latent c as its value, so the h heads are stacked as the h * n query rows
-            # of one single-head attention (no copy of the cache per head).
+            # q^C . (W^UK c) = (W^UK^T q^C) . c: every head reads the same key [c, k^R]
+            # and the latent c as its value, so the h heads are stacked as the h * n
+            # query rows of one single-head attention (no copy of the cache per head).
             query = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (b, h, n, r+q)
             key = torch.cat([latent, k_rope], dim=-1)[:, None]  # (b, 1, j, r+q)
             mask = None if attn_mask is None else attn_mask.repeat(h, 1)  # (h n, j)
@@ -483,9 +505,10 @@ class MultiHeadLatentAttention(nn.Module):
         """A copy of a transformers ``DeepseekV3Attention`` with the same outputs.
 
         ``rope.interleaved`` comes from ``config.rope_interleave``, ``rope.base`` from
-        ``config.rope_parameters["rope_theta"]`` and ``norm_eps`` from the module's latent
-        RMSNorm. The copy has the module's device, dtype and training mode. (Its attention
-        has no dropout: with ``config.attention_dropout > 0`` the two agree in eval mode.)
+        ``config.rope_parameters["rope_theta"]`` and ``norm_eps`` from the module's
+        latent RMSNorm. The copy has the module's device, dtype and training mode. (Its
+        attention has no dropout: with ``config.attention_dropout > 0`` the two agree in
+        eval mode.)
 
         Raises:
             ValueError: for a rope type other than ``"default"`` (YaRN and the other

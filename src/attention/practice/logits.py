@@ -4,21 +4,22 @@ Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_k
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size,
 ``e`` value size.
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores.
 
 A score :math:`q \\cdot k / \\sqrt{d}` has no upper bound: when queries and keys grow
 during training, the softmax saturates into a one-hot row (entropy near 0) and its
 gradients vanish, a known source of loss spikes in large models. Two remedies:
 
-* **Soft-capping** (Gemma 2): pass every score through :math:`c \\tanh(s / c)` before the
-  mask, a smooth clamp to ``(-c, c)`` that is the identity for ``|s| << c``
+* **Soft-capping** (Gemma 2): pass every score through :math:`c \\tanh(s / c)` before
+  the mask, a smooth clamp to ``(-c, c)`` that is the identity for ``|s| << c``
   (:func:`soft_cap`, :func:`softcap_attention`).
 * **QK-norm** (Henry et al., 2020; Dehghani et al., 2023; OLMo 2, Qwen3, Gemma 3):
   normalise each query and key vector before the dot product. With RMS normalisation
-  :math:`\\hat q = q / \\operatorname{rms}(q)` (:func:`qk_norm`), :math:`|\\hat q| =
-  \\sqrt d`, so :math:`|\\hat q \\cdot \\hat k| / \\sqrt d \\le \\sqrt d` (times the learned
-  scales).
+  :math:`\\hat q = q / \\operatorname{rms}(q)` (:func:`qk_norm`),
+  :math:`|\\hat q| = \\sqrt d`, so
+  :math:`|\\hat q \\cdot \\hat k| / \\sqrt d \\le \\sqrt d` (times the learned scales).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ __all__ = [
 
 
 def soft_cap(scores: Tensor, cap: float) -> Tensor:
-    r"""Logit soft-capping, :math:`c \tanh(s / c)`: a smooth clamp of the scores to ``(-c, c)``.
+    r"""Logit soft-capping, :math:`c \tanh(s / c)`: a smooth clamp to ``(-c, c)``.
 
     Its slope is :math:`1 - \tanh^2(s/c)`: 1 at 0 (small scores pass unchanged), 0 far
     out (large scores stop growing). Apply it to the raw scores *before* the mask: a
@@ -53,7 +54,8 @@ def soft_cap(scores: Tensor, cap: float) -> Tensor:
         Same shape and dtype as ``scores``.
 
     Example:
-        >>> [round(s, 3) for s in soft_cap(torch.tensor([0.0, 1.0, 100.0]), 5.0).tolist()]
+        >>> capped = soft_cap(torch.tensor([0.0, 1.0, 100.0]), 5.0)
+        >>> [round(s, 3) for s in capped.tolist()]
         [0.0, 0.987, 5.0]
     """
     check_tensor("scores", scores, floating=True)
@@ -67,24 +69,25 @@ def qk_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6) -> Te
     .. math::
         \hat x = \frac{x}{\sqrt{\tfrac1d \sum_k x_k^2 + \epsilon}} \odot w
 
-    Without ``weight`` and with :math:`\epsilon = 0`, every row has length :math:`\sqrt d`,
-    so :math:`\hat q \cdot \hat k / \sqrt d = \sqrt d \cos(q, k)` lies in
-    :math:`[-\sqrt d, \sqrt d]` (Henry et al. learn the scale instead; ViT-22B uses
+    Without ``weight`` and with :math:`\epsilon = 0`, every row has length
+    :math:`\sqrt d`, so :math:`\hat q \cdot \hat k / \sqrt d = \sqrt d \cos(q, k)` lies
+    in :math:`[-\sqrt d, \sqrt d]` (Henry et al. learn the scale instead; ViT-22B uses
     LayerNorm, which also subtracts the mean). The mean square is taken of ``x`` divided
     by its largest entry, so rows whose square overflows or underflows the dtype
     (``1e30`` in float32, ``300`` in float16) are normalised too.
 
     Args:
         x: ``(..., d)`` queries or keys, e.g. ``(b, h, i, d)``.
-        weight: optional ``(d,)`` learned gain (the per-head-dim RMSNorm weight of Qwen3 or
-            Gemma 3).
+        weight: optional ``(d,)`` learned gain (the per-head-dim RMSNorm weight of
+            Qwen3 or Gemma 3).
         eps: added to the mean square, ``>= 0``.
 
     Returns:
         Same shape as ``x``.
 
     Example:
-        >>> qk_norm(torch.tensor([[3.0, 4.0]]), eps=0.0).square().sum().item()  # |x| = sqrt(d)
+        >>> x = torch.tensor([[3.0, 4.0]])
+        >>> qk_norm(x, eps=0.0).square().sum().item()  # |x| = sqrt(d)
         2.0
     """
     check_tensor("x", x, floating=True, min_dim=1)
@@ -95,7 +98,8 @@ def qk_norm(x: Tensor, weight: Tensor | None = None, *, eps: float = 1e-6) -> Te
         check_tensor("weight", weight, floating=True)
         if tuple(weight.shape) != (x.shape[-1],):
             raise ValueError(
-                f"weight must have shape (d,) = ({x.shape[-1]},), got {tuple(weight.shape)}"
+                f"weight must have shape (d,) = ({x.shape[-1]},), got "
+                f"{tuple(weight.shape)}"
             )
     if x.shape[-1] == 0:  # no entries to normalise (amax refuses an empty axis)
         return x.clone() if weight is None else x * weight
@@ -122,8 +126,8 @@ def softcap_attention(
     r"""Scaled dot-product attention with soft-capped scores (Gemma 2).
 
     .. math::
-        o_i = \sum_j \operatorname{softmax}_j\big(c \tanh(q_i \cdot k_j \cdot s / c) + M_{ij}\big)
-        \, v_j
+        o_i = \sum_j \operatorname{softmax}_j
+              \big(c \tanh(q_i \cdot k_j \cdot s / c) + M_{ij}\big) \, v_j
 
     The cap acts on the scaled scores, before the mask, as in Gemma 2. ``cap=None`` is
     plain attention.
@@ -132,8 +136,8 @@ def softcap_attention(
         query: ``(..., h, i, d)``.
         key: ``(..., h_kv, j, d)``.
         value: ``(..., h_kv, j, e)``.
-        attn_mask: boolean (**True = may attend**) or float (added to the capped scores),
-            broadcastable to ``(..., h, i, j)``.
+        attn_mask: boolean (**True = may attend**) or float (added to the capped
+            scores), broadcastable to ``(..., h, i, j)``.
         is_causal: top-left causal mask; not together with ``attn_mask``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
         enable_gqa: ``h`` a multiple of ``h_kv``; query head ``n`` reads key/value head
@@ -144,9 +148,11 @@ def softcap_attention(
         ``(..., h, i, e)``; a query with no visible key gets zeros.
 
     Example:
-        >>> q, k = torch.tensor([[10.0]]), torch.tensor([[10.0], [-10.0]])  # scores +-100
+        >>> # scores +-100
+        >>> q, k = torch.tensor([[10.0]]), torch.tensor([[10.0], [-10.0]])
         >>> v = torch.tensor([[1.0], [0.0]])
-        >>> round(softcap_attention(q, k, v, scale=1.0, cap=1.0).item(), 4)  # sigmoid(2)
+        >>> out = softcap_attention(q, k, v, scale=1.0, cap=1.0)
+        >>> round(out.item(), 4)  # sigmoid(2)
         0.8808
     """
     validate_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa)

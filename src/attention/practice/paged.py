@@ -1,22 +1,25 @@
-"""A paged key/value cache: fixed-size blocks, a free list, a block table per sequence (chapter 18).
+"""A paged key/value cache (chapter 18).
+
+Fixed-size blocks, a free list, and a block table per sequence.
 
 Shape legend: ``b`` batch (sequences decoded together), ``h`` query heads, ``h_kv``
-key/value heads, ``i`` query positions, ``j`` key positions, ``d`` head size, ``s`` block
-size (positions per block).
+key/value heads, ``i`` query positions, ``j`` key positions, ``d`` head size, ``s``
+block size (positions per block).
 
 A contiguous cache (:class:`attention.KVCache`) reserves ``max_len`` positions for every
 sequence of the batch up front. When the sequences have different lengths, and when
-nobody knows in advance how long a generated answer will be, most of that reservation
-is never used. PagedAttention (Kwon et al., 2023, the memory manager of vLLM) borrows the
+nobody knows in advance how long a generated answer will be, most of that reservation is
+never used. PagedAttention (Kwon et al., 2023, the memory manager of vLLM) borrows the
 operating system's answer: split the cache into *blocks* of ``s`` positions, keep one
 shared *pool* of blocks and a *free list*, and give each sequence a *block table* that
 maps its logical block ``p // s`` to a physical block anywhere in the pool. A sequence
 holds at most one partly filled block, so at most ``s - 1`` positions per sequence are
 wasted, and a finished sequence hands its blocks back at once.
 
-Position ``p`` of a sequence lives in slot ``table[p // s] * s + p % s`` of the flattened
-pool; attention reads the keys and values through that indirection, so the order of the
-physical blocks does not matter: the result equals that of a contiguous cache.
+Position ``p`` of a sequence lives in slot ``table[p // s] * s + p % s`` of the
+flattened pool; attention reads the keys and values through that indirection, so the
+order of the physical blocks does not matter: the result equals that of a contiguous
+cache.
 
 The pool is written in place, so the cache is for inference: use it under
 ``torch.inference_mode()`` or ``torch.no_grad()``.
@@ -35,14 +38,20 @@ __all__ = ["PagedKVCache"]
 
 
 class _UnknownSequence(KeyError, ValueError):
-    """A sequence id the cache does not hold (catch it as ``KeyError`` or ``ValueError``)."""
+    """A sequence id the cache does not hold.
+
+    Catch it as ``KeyError`` or as ``ValueError``.
+    """
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 
 class _PoolExhausted(ValueError, RuntimeError):
-    """The pool has too few free blocks for a request (a ``ValueError`` and ``RuntimeError``)."""
+    """The pool has too few free blocks for a request.
+
+    Both a ``ValueError`` and a ``RuntimeError``.
+    """
 
 
 class PagedKVCache(CacheBuffers):
@@ -57,18 +66,19 @@ class PagedKVCache(CacheBuffers):
         device: where the pool lives.
 
     Attributes:
-        keys, values: the pool, ``(num_blocks, s, h_kv, d)`` each (the layout of vLLM: one
-            block is ``s`` consecutive positions).
+        keys, values: the pool, ``(num_blocks, s, h_kv, d)`` each (the layout of vLLM:
+            one block is ``s`` consecutive positions).
         free_blocks: ids of the unused blocks; :meth:`append` takes them from the front.
-        block_tables: ``{seq_id: [physical block ids]}``, logical block ``n`` of a sequence
-            is ``block_tables[seq_id][n]``.
+        block_tables: ``{seq_id: [physical block ids]}``, logical block ``n`` of a
+            sequence is ``block_tables[seq_id][n]``.
         lengths: ``{seq_id: positions stored}``.
 
     Example:
         >>> cache = PagedKVCache(num_blocks=4, block_size=2, num_kv_heads=1, head_dim=3)
         >>> a, b = cache.add_sequence(), cache.add_sequence()
-        >>> cache.append(a, torch.ones(1, 3, 3), torch.ones(1, 3, 3))  # 3 positions: 2 blocks
-        >>> cache.append(b, torch.ones(1, 1, 3), torch.ones(1, 1, 3))  # 1 position: 1 block
+        >>> three, one = torch.ones(1, 3, 3), torch.ones(1, 1, 3)  # (h_kv, n, d)
+        >>> cache.append(a, three, three)  # 3 positions: 2 blocks
+        >>> cache.append(b, one, one)  # 1 position: 1 block
         >>> cache.block_tables, cache.free_blocks
         ({0: [0, 1], 1: [2]}, [3])
     """
@@ -126,7 +136,10 @@ class PagedKVCache(CacheBuffers):
         return seq_id
 
     def add_sequence(self) -> int:
-        """Start an empty sequence and return its id (no block is taken until it has positions)."""
+        """Start an empty sequence and return its id.
+
+        No block is taken until the sequence has positions.
+        """
         seq_id = self._next_id
         self._next_id += 1
         self.block_tables[seq_id] = []
@@ -140,7 +153,9 @@ class PagedKVCache(CacheBuffers):
         del self.lengths[seq_id]
 
     def slots(self, seq_id: int) -> Tensor:
-        """Flat pool slot of every position of a sequence: ``table[p // s] * s + p % s``.
+        """Flat pool slot of every position ``p`` of a sequence.
+
+        The slot is ``table[p // s] * s + p % s``.
 
         Returns:
             ``(length,)`` int64 indices into ``keys.view(-1, h_kv, d)``.
@@ -156,7 +171,9 @@ class PagedKVCache(CacheBuffers):
     # ------------------------------------------------------------------ writing
 
     def append(self, seq_id: int, key: Tensor, value: Tensor) -> None:
-        """Store ``n`` new positions of one sequence, taking blocks from the free list as needed.
+        """Store ``n`` new positions of one sequence.
+
+        Blocks are taken from the free list as needed.
 
         Args:
             seq_id: an id from :meth:`add_sequence`.
@@ -164,8 +181,8 @@ class PagedKVCache(CacheBuffers):
             value: ``(h_kv, n, d)`` their values.
 
         Raises:
-            ValueError: for an unknown ``seq_id`` (also a ``KeyError``), for shapes that do not
-                fit the pool, and when the free list has too few blocks (also a
+            ValueError: for an unknown ``seq_id`` (also a ``KeyError``), for shapes that
+                do not fit the pool, and when the free list has too few blocks (also a
                 ``RuntimeError``); nothing is written then.
         """
         self._check_id(seq_id)
@@ -173,8 +190,8 @@ class PagedKVCache(CacheBuffers):
         h_kv, n, d = key.shape
         if (h_kv, d) != (self.num_kv_heads, self.head_dim):
             raise ValueError(
-                f"the pool holds {self.num_kv_heads} key/value heads of size {self.head_dim}, "
-                f"got {h_kv} heads of size {d}"
+                f"the pool holds {self.num_kv_heads} key/value heads of size "
+                f"{self.head_dim}, got {h_kv} heads of size {d}"
             )
         table, start = self.block_tables[seq_id], self.lengths[seq_id]
         stop = start + n
@@ -202,7 +219,8 @@ class PagedKVCache(CacheBuffers):
         """The keys and values of one sequence, copied out in position order.
 
         Returns:
-            ``(keys, values)``, each ``(h_kv, length, d)``: what a contiguous cache holds.
+            ``(keys, values)``, each ``(h_kv, length, d)``: what a contiguous cache
+            holds.
         """
         slots = self.slots(seq_id)  # (length,)
         flat = (-1, self.num_kv_heads, self.head_dim)
@@ -218,21 +236,22 @@ class PagedKVCache(CacheBuffers):
         is_causal: bool = False,
         scale: float | None = None,
     ) -> Tensor:
-        r"""Attention of a batch of queries to their own sequences' cached keys and values.
+        r"""Attention of a batch of queries to their own sequences' cached positions.
 
-        Query row ``q`` of sequence ``n`` is the position ``L_n - i + q`` (the newest ``i``
-        positions, already appended). It sees every stored position of its sequence, or,
-        with ``is_causal``, the positions up to itself. The sequences are gathered through
-        their block tables into a padded ``(b, h_kv, max L, d)`` batch and a padding mask
-        hides the positions beyond each length (a real paged kernel reads the blocks in
-        place instead of copying them; the arithmetic is the same).
+        Query row ``q`` of sequence ``n`` is the position ``L_n - i + q`` (the newest
+        ``i`` positions, already appended). It sees every stored position of its
+        sequence, or, with ``is_causal``, the positions up to itself. The sequences are
+        gathered through their block tables into a padded ``(b, h_kv, max L, d)`` batch
+        and a padding mask hides the positions beyond each length (a real paged kernel
+        reads the blocks in place instead of copying them; the arithmetic is the same).
 
         .. math::
-            o_{n,q} = \operatorname{softmax}_j\big(q \cdot k_{n,j} \cdot s + M_{nqj}\big)\, v_{n,j}
+            o_{n,q} = \operatorname{softmax}_j
+                      \big(q \cdot k_{n,j} \cdot s + M_{nqj}\big)\, v_{n,j}
 
         Args:
-            query: ``(b, h, i, d)`` with ``b = len(seq_ids)`` and ``h`` a multiple of ``h_kv``
-                (grouped-query attention when larger).
+            query: ``(b, h, i, d)`` with ``b = len(seq_ids)`` and ``h`` a multiple of
+                ``h_kv`` (grouped-query attention when larger).
             seq_ids: the sequence of each batch row.
             is_causal: hide the positions after each query (bottom-right alignment).
             scale: multiplies the scores; default :math:`1/\sqrt{d}`.
@@ -263,8 +282,8 @@ class PagedKVCache(CacheBuffers):
             )
         if query.dtype != self.dtype or query.device != self.device:
             raise ValueError(
-                f"query must match the pool's dtype and device ({self.dtype}, {self.device}), "
-                f"got {query.dtype} on {query.device}"
+                "query must match the pool's dtype and device "
+                f"({self.dtype}, {self.device}), got {query.dtype} on {query.device}"
             )
         if b == 0:  # no sequence this step: an empty batch, as torch's kernels give
             check_scale(scale)
@@ -298,5 +317,6 @@ class PagedKVCache(CacheBuffers):
         return (
             f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
             f"free={len(self.free_blocks)}, sequences={len(self.block_tables)}, "
-            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype})"
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"dtype={self.dtype})"
         )
