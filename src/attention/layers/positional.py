@@ -191,8 +191,8 @@ def rope_frequencies(
     """
     d = check_feature_size(d)
     base = check_base(base)
-    scaling = check_scaling(scaling, d, base)
-    return inv_freq(d, base, scaling)
+    checked = check_scaling(scaling, d, base)  # the dict as a normalised tuple
+    return inv_freq(d, base, checked)
 
 
 def apply_rope(
