@@ -14,6 +14,8 @@ Mask convention: boolean, **True = may attend**, as in
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -109,7 +111,7 @@ def _pad_queries(lengths, max_len):
 
 
 def _padding_cases() -> list[Case]:
-    long = dict(dtype=torch.long)
+    long: dict[str, Any] = dict(dtype=torch.long)
     return [
         Case("lengths [5, 3, 2], padded to 5", (torch.tensor([5, 3, 2], **long), 5)),
         Case("one sequence of 4, padded to 6", (torch.tensor([4], **long), 6)),

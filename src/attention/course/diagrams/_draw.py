@@ -137,7 +137,9 @@ def canvas(width: float, height: float, title: str):
     return fig, ax
 
 
-def label(ax, xy, s: str, *, size: float = TEXT, colour: str = INK, **kw):
+def label(
+    ax, xy, s: str, *, size: float = TEXT, colour: str | tuple[float, ...] = INK, **kw
+):
     """Text at ``xy`` (inches), centred unless ``ha``/``va`` say otherwise."""
     kw.setdefault("ha", "center")
     kw.setdefault("va", "center")

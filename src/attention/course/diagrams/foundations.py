@@ -523,7 +523,7 @@ def score_matrix(i: int = 1, j: int = 3):
     entry = draw.Bounds(sb.left + j * cell, sb.top - (i + 1) * cell, cell, cell)
     draw.outline(ax, entry)
 
-    def number(x: float) -> str:
+    def number(x: float | torch.Tensor) -> str:
         return f"{x:.0f}" if x >= 0 else f"({x:.0f})"
 
     terms = " + ".join(f"{number(a)}·{number(b)}" for a, b in zip(q[i], k[j]))
@@ -890,7 +890,7 @@ def scaling_rows():
             )
             note.set_gid(f"range:{tag}:{d}")
     # one colour bar for all six rows: they share the scale [0, 1]
-    cax = ax.inset_axes([6.45, 0.45, 0.1, 2.35], transform=ax.transData)
+    cax = ax.inset_axes((6.45, 0.45, 0.1, 2.35), transform=ax.transData)
     bar = fig.colorbar(plt.cm.ScalarMappable(cmap=draw.WEIGHT_CMAP), cax=cax)
     bar.set_ticks([0, 0.5, 1])
     bar.ax.tick_params(labelsize=draw.SMALL, colors=draw.MUTED, length=2)
