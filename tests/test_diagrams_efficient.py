@@ -236,3 +236,93 @@ def test_nsa_branches_show_complete_blocks_the_selection_and_the_window():
     recent = [t - window < j <= t for j in range(n)]
     shown = [c == rgba(_draw.MAY_ATTEND) for c in fills(fig, "window", n)]
     assert shown == recent
+
+
+# --------------------------------------------------------------------------- chapter 14
+
+
+def test_online_tiles_print_the_running_max_and_sum_of_the_followed_query():
+    fig = efficient.online_tiles()
+    q, k, v, block, query = efficient.online_tiles_example()
+    scores = [float(q[query] @ k[j]) / math.sqrt(q.shape[-1]) for j in range(len(k))]
+    texts = by_gid(fig, Text)
+    previous = None
+    for t in range(len(k) // block):
+        seen = scores[: (t + 1) * block]
+        m = max(seen)
+        total = sum(math.exp(s - m) for s in seen)
+        assert texts[f"state[{t}]"].get_text() == f"m = {m:.2f}\nℓ = {total:.2f}"
+        if previous is not None:
+            assert texts[f"rescale[{t}]"].get_text() == f"×{math.exp(previous - m):.2f}"
+        previous = m
+    # the example shows both: a maximum that grows (a factor below 1), and one that stays
+    factors = [texts[f"rescale[{t}]"].get_text() for t in range(1, len(k) // block)]
+    assert "×1.00" in factors and any(f != "×1.00" for f in factors)
+    # the followed query's block is the highlighted row
+    cells = by_gid(fig, Rectangle)
+    last = query // block
+    row = {tuple(cells[f"tile[{last},{c}]"].get_facecolor()) for c in range(4)}
+    other = {tuple(cells[f"tile[0,{c}]"].get_facecolor()) for c in range(4)}
+    assert len(row) == 1 and row != other
+
+
+# --------------------------------------------------------------------------- chapter 15
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_steps_show_the_blocks_held_and_the_causal_work(layout):
+    fig = efficient.ring_steps()
+    p = 4
+    chunks = (
+        (lambda r: [r]) if layout == "contiguous" else (lambda r: [r, 2 * p - 1 - r])
+    )
+    area = 1.0 if layout == "contiguous" else 0.25
+    texts = by_gid(fig, Text)
+    for t in range(p):
+        for r in range(p):
+            held = chunks((r - t) % p)  # the ring moves keys one rank per step
+            assert texts[f"held:{layout}[{t},{r}]"].get_text() == ",".join(
+                map(str, held)
+            )
+    for r in range(p):
+        # every (query chunk, key chunk) pair of the rank: a key chunk before the
+        # query chunk is a full block, the same chunk half of one, a later one nothing
+        work = sum(
+            area * (1.0 if b < a else 0.5 if b == a else 0.0)
+            for a in chunks(r)
+            for s in range(p)
+            for b in chunks(s)
+        )
+        assert texts[f"total:{layout}[{r}]"].get_text() == f"{work:g}"
+
+
+def test_ring_work_is_balanced_only_by_the_zigzag_layout():
+    contiguous = [sum(col) for col in zip(*efficient.ring_work(4, "contiguous"))]
+    zigzag = [sum(col) for col in zip(*efficient.ring_work(4, "zigzag"))]
+    assert contiguous == [0.5, 1.5, 2.5, 3.5] and zigzag == [2.0] * 4
+
+
+# --------------------------------------------------------------------------- chapter 16
+
+
+def test_program_grid_shows_the_grid_and_the_causal_tiles_of_one_program():
+    fig = efficient.program_grid()
+    i, block, heads = 64, 16, 3
+    cells = by_gid(fig, Rectangle)
+    n_m = -(-i // block)
+    assert {g for g in cells if g.startswith("program[")} == {
+        f"program[{m},{z}]" for m in range(n_m) for z in range(heads)
+    }
+    kinds_of_fill = {
+        rgba(efficient._TILE_FILLS[kind]): kind for kind in efficient._TILE_FILLS
+    }
+    for m in range(n_m):
+        for n in range(n_m):
+            # causal, one block size: the key blocks before the program's are whole,
+            # its own (the diagonal) is masked, the later ones hold only future keys
+            expected = 1 if n < m else 2 if n == m else 0
+            fill = tuple(cells[f"tile[{m},{n}]"].get_facecolor())
+            assert kinds_of_fill[fill] == expected, (m, n)
+    texts = by_gid(fig, Text)
+    assert [texts[f"visit[{n}]"].get_text() for n in range(3)] == ["1", "2", "3"]
+    assert "visit[3]" not in texts

@@ -12,6 +12,7 @@ from attention import (
     softmax,
     tiled_attention,
 )
+from attention.efficient.tiled import flash_tile_kinds
 from conftest import qkv
 
 F64 = torch.float64
@@ -643,3 +644,48 @@ def test_masks_broadcasting_over_the_key_axis_with_the_lse_and_backward(shape, g
     torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
     for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
         torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
+def _kinds_by_pairs(i, j, block, is_causal):
+    """flash_tile_kinds from its definition, pair by pair. The kernel reasons about
+    whole blocks (a program's rows and a key block's keys run to the end of their
+    block, past i or j): a tile is skipped when no row sees any key, unmasked when
+    every row sees every key, masked otherwise."""
+    rows_of = lambda m: range(m * block, (m + 1) * block)
+    keys_of = lambda n: range(n * block, (n + 1) * block)
+    kinds = torch.zeros(-(-i // block), -(-j // block), dtype=torch.long)
+    for m in range(kinds.shape[0]):
+        for n in range(kinds.shape[1]):
+            seen = [q >= k or not is_causal for q in rows_of(m) for k in keys_of(n)]
+            kinds[m, n] = 1 if all(seen) else 2 if any(seen) else 0
+    return kinds
+
+
+@pytest.mark.parametrize(
+    "i, j, block", [(40, 40, 16), (70, 45, 16), (45, 70, 16), (7, 7, 3), (33, 64, 8)]
+)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_tile_kinds_follow_the_definition(i, j, block, is_causal):
+    got = flash_tile_kinds(i, j, block, is_causal=is_causal)
+    assert torch.equal(got, _kinds_by_pairs(i, j, block, is_causal))
+
+
+def test_flash_tile_kinds_count_the_causal_triangle():
+    t = 8
+    kinds = flash_tile_kinds(t * 64, t * 64, 64, is_causal=True)
+    assert (kinds > 0).sum() == t * (t + 1) // 2 and (kinds == 2).sum() == t
+    assert torch.equal(kinds == 2, torch.eye(t, dtype=torch.bool))
+
+
+def test_flash_tile_kinds_of_empty_sequences_and_bad_arguments():
+    assert flash_tile_kinds(0, 5, 4).shape == (0, 2)
+    assert flash_tile_kinds(5, 0, 4, is_causal=True).shape == (2, 0)
+    with pytest.raises(ValueError, match="block_size"):
+        flash_tile_kinds(5, 5, 0)
+    with pytest.raises(TypeError, match="num_keys"):
+        flash_tile_kinds(5, 5.0, 4)
+    with pytest.raises(TypeError, match="is_causal"):
+        flash_tile_kinds(5, 5, 4, is_causal=1)

@@ -26,6 +26,7 @@ pytest.importorskip("triton", reason="the optional dependency triton is not inst
 
 from attention import scaled_dot_product_attention, tiled_attention
 from attention.efficient import triton_flash
+from attention.efficient.tiled import flash_tile_kinds
 from attention.efficient.triton_flash import (
     INTERPRETED,
     flash_attention_triton,
@@ -403,3 +404,35 @@ def test_interpreter_refuses_bfloat16():
     q = torch.randn(1, 1, 8, 16, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="no bfloat16"):
         flash_attention_triton(q, q, q)
+
+
+@pytest.mark.skipif(
+    not INTERPRETED, reason="compiled kernels inline their inner step: no call to see"
+)
+@pytest.mark.parametrize(
+    "i, j, is_causal",
+    [(64, 64, True), (64, 64, False), (45, 70, True), (70, 45, True), (20, 33, False)],
+)
+def test_the_forward_kernel_visits_the_tiles_flash_tile_kinds_names(i, j, is_causal):
+    """Under the interpreter the kernel looks its inner step up in the module at every
+    call: a wrapper there sees which program folds in which key block, masked or not."""
+    block, calls, original = 16, [], triton_flash.flash_forward_block
+    as_int = lambda x: int(x.handle.data.item()) if hasattr(x, "handle") else int(x)
+
+    def recording(*args):
+        start_n, mask_causal = args[9], args[14]
+        program = as_int(triton_flash.tl.program_id(0))
+        calls.append((program, as_int(start_n) // block, bool(mask_causal)))
+        return original(*args)
+
+    triton_flash.flash_forward_block = recording
+    try:
+        q, k = torch.randn(1, 1, i, 16), torch.randn(1, 1, j, 16)
+        flash_attention_triton(q, k, k, is_causal=is_causal, block_size=block)
+    finally:
+        triton_flash.flash_forward_block = original
+    seen = torch.zeros(-(-i // block), -(-j // block), dtype=torch.long)
+    for program, key_block, masked in calls:
+        assert seen[program, key_block] == 0, "a tile visited twice"
+        seen[program, key_block] = 2 if masked else 1
+    assert torch.equal(seen, flash_tile_kinds(i, j, block, is_causal=is_causal))

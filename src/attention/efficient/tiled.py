@@ -37,13 +37,19 @@ from .._checks import (
     check_dim,
     check_int,
     check_size,
+    check_sizes,
     check_tensor,
     validate_attention,
 )
 from .._core import default_scale, max_shift, poisoned_rows
 from ._tiled import TiledAttention
 
-__all__ = ["online_softmax", "tiled_attention"]
+# The facade re-exports the library names (the first 2); the teaching helper after
+# them is imported from this module's path by chapters 14 and 16.
+__all__ = ["online_softmax", "tiled_attention", "flash_tile_kinds"]
+
+#: The kinds of tile in :func:`flash_tile_kinds`' table.
+SKIPPED, UNMASKED, MASKED = 0, 1, 2
 
 
 def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
@@ -228,3 +234,61 @@ def tiled_attention(
             lse.masked_fill(bad.squeeze(-1), float("nan")),
         )
     return (out, lse) if return_lse else out
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def flash_tile_kinds(
+    num_queries: int, num_keys: int, block_size: int, *, is_causal: bool = False
+) -> Tensor:
+    r"""Which tiles the FlashAttention-2 forward kernel visits, and which it masks.
+
+    The kernel (:func:`attention.efficient.triton_flash.flash_forward_kernel`, chapter
+    16) runs one program per block of ``block_size`` queries; each program folds in the
+    key blocks one at a time. Without a causal mask it visits every key block, unmasked.
+    With ``is_causal`` (top-left: query ``q`` sees keys ``k <= q``) the program of
+    query block ``m`` (rows ``mB .. mB + B - 1``) first visits the key blocks before
+    row ``mB``, which every one of its queries sees whole, with no mask; then the
+    diagonal block, with the mask; the blocks after it hold only future keys and are
+    never loaded. In the kernel's loop bounds, with :math:`B` the block size:
+
+    .. math::
+
+        \text{unmasked: } k_0 < \min(mB, j), \qquad
+        \text{masked: } \min(mB, j) \le k_0 < \min((m + 1)B, j),
+
+    for the key block starting at :math:`k_0`. So a program whose rows all come after
+    the last key (``mB >= j``) masks nothing.
+
+    Args:
+        num_queries: ``i`` (``>= 0``).
+        num_keys: ``j`` (``>= 0``).
+        block_size: ``B``, rows per query block and per key block (``>= 1``).
+        is_causal: whether the kernel applies the top-left causal mask.
+
+    Returns:
+        A long tensor ``(ceil(i / B), ceil(j / B))``: row ``m`` is the program of query
+        block ``m``, column ``n`` key block ``n``; ``0`` never loaded, ``1`` loaded with
+        no mask, ``2`` loaded and masked (:data:`SKIPPED`, :data:`UNMASKED`,
+        :data:`MASKED`).
+
+    Example:
+        >>> flash_tile_kinds(40, 40, 16, is_causal=True)
+        tensor([[2, 0, 0],
+                [1, 2, 0],
+                [1, 1, 2]])
+    """
+    i, j = check_sizes(
+        num_queries=num_queries, num_keys=num_keys, zero_ok=("num_queries", "num_keys")
+    )
+    block = check_size("block_size", block_size)
+    check_bool("is_causal", is_causal)
+    rows = torch.arange(-(-i // block)).unsqueeze(-1)  # (T_q, 1): program m
+    starts = torch.arange(-(-j // block)) * block  # (T_k,): first key of each block
+    if not is_causal:
+        return torch.full((rows.shape[0], starts.shape[0]), UNMASKED)
+    below = torch.clamp(rows * block, max=j)  # (T_q, 1): keys every query sees
+    diagonal_end = torch.clamp((rows + 1) * block, max=j)
+    kinds = torch.where(starts < below, UNMASKED, SKIPPED)
+    return torch.where((starts >= below) & (starts < diagonal_end), MASKED, kinds)

@@ -14,13 +14,18 @@ the rest of the package never imports it. It is the algorithm of :func:`attentio
   A causal program first visits the key blocks wholly below the diagonal with no mask at
   all, then the diagonal block with the mask. It writes the output and the per-row
   log-sum-exp, nothing of size ``i × j``;
-* the **backward** pass precomputes :math:`D_i = \sum_e dO_{ie} O_{ie}`, then one kernel
-  walks the query blocks for each key block to accumulate ``dK`` and ``dV`` (no two
-  programs write the same rows), and a second kernel walks the key blocks for each query
-  block to accumulate ``dQ``. The FlashAttention-2 paper's CUDA kernel instead adds each
-  key block's share of ``dQ`` into memory with atomic adds; the separate ``dQ`` pass, as in
-  Triton's fused-attention tutorial, recomputes ``P`` once more but needs no atomics, and
-  its result does not depend on the order in which programs finish.
+* the **backward** pass is three kernels: the first precomputes
+  :math:`D_i = \sum_e dO_{ie} O_{ie}`; the second walks the query blocks for each key
+  block to accumulate ``dK`` and ``dV`` (no two programs write the same rows); the
+  third walks the key blocks for each query block to accumulate ``dQ``. The
+  FlashAttention-2 paper's CUDA kernel instead adds each key block's share of ``dQ``
+  into memory with atomic adds. Triton's fused-attention tutorial launches two
+  kernels: the same first one, then one whose program does the work of the second and
+  third here in turn, for the key block and the query block of its own index; that
+  pairing needs as many query blocks as key blocks. Separate launches allow ``i != j``
+  and lengths that are not multiples of the block. Like the tutorial's, they recompute
+  ``P`` once for ``dK``, ``dV`` and once for ``dQ``, need no atomics, and give a
+  result that does not depend on the order in which programs finish.
 
 On CUDA tensors the kernels are compiled; on CPU tensors they run under Triton's
 interpreter (what ``TRITON_INTERPRET=1`` selects), which executes the same program with
@@ -188,72 +193,29 @@ def flash_forward_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if IS_CAUSAL:
-        # (BLOCK_M == BLOCK_N: the launcher passes one block size, so the diagonal is one block)
-        # 1. key blocks wholly below the diagonal: every query of the block sees every key
+        # 1. key blocks before the program's first row: all seen, no mask
         below = tl.minimum(start_m * BLOCK_M, num_keys)
         for start_n in range(0, below, BLOCK_N):
             acc, m_i, l_i = flash_forward_block(
-                acc,
-                m_i,
-                l_i,
-                q,
-                k_ptrs,
-                v_ptrs,
-                offs_m,
-                offs_n,
-                dims_in,
-                start_n,
-                num_keys,
-                stride_kn,
-                stride_vn,
-                qk_scale,
-                False,
-                BLOCK_N,
-                PRECISION,
-            )
-        # 2. the diagonal block(s): the causal mask is applied only here
+                acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
+                start_n, num_keys, stride_kn, stride_vn, qk_scale,
+                False, BLOCK_N, PRECISION,
+            )  # fmt: skip
+        # 2. the diagonal block (one block: the launcher makes BLOCK_M == BLOCK_N)
         diagonal_end = tl.minimum((start_m + 1) * BLOCK_M, num_keys)
         for start_n in range(below, diagonal_end, BLOCK_N):
             acc, m_i, l_i = flash_forward_block(
-                acc,
-                m_i,
-                l_i,
-                q,
-                k_ptrs,
-                v_ptrs,
-                offs_m,
-                offs_n,
-                dims_in,
-                start_n,
-                num_keys,
-                stride_kn,
-                stride_vn,
-                qk_scale,
-                True,
-                BLOCK_N,
-                PRECISION,
-            )
+                acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
+                start_n, num_keys, stride_kn, stride_vn, qk_scale,
+                True, BLOCK_N, PRECISION,
+            )  # fmt: skip
     else:
         for start_n in range(0, num_keys, BLOCK_N):
             acc, m_i, l_i = flash_forward_block(
-                acc,
-                m_i,
-                l_i,
-                q,
-                k_ptrs,
-                v_ptrs,
-                offs_m,
-                offs_n,
-                dims_in,
-                start_n,
-                num_keys,
-                stride_kn,
-                stride_vn,
-                qk_scale,
-                False,
-                BLOCK_N,
-                PRECISION,
-            )
+                acc, m_i, l_i, q, k_ptrs, v_ptrs, offs_m, offs_n, dims_in,
+                start_n, num_keys, stride_kn, stride_vn, qk_scale,
+                False, BLOCK_N, PRECISION,
+            )  # fmt: skip
     acc = acc / l_i[:, None]  # the one division, at the end
     tl.store(LSE + z * num_queries + offs_m, m_i + tl.math.log2(l_i), mask=rows_in)
     tl.store(

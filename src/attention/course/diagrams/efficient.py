@@ -17,11 +17,14 @@ window. Mask convention: boolean, **True = may attend**, as in
 
 from __future__ import annotations
 
+import math
+
 import torch
 from matplotlib.patches import Rectangle
 
-from ..._core import tril_mask
+from ..._core import attention_scores, tril_mask
 from ...efficient.delta_rule import delta_rule_attention
+from ...efficient.distributed import ring_schedule
 from ...efficient.learned_sparse import moba_attention, native_sparse_attention
 from ...efficient.linear import lightning_attention
 from ...efficient.patterns import (
@@ -30,6 +33,7 @@ from ...efficient.patterns import (
     global_tokens_mask,
     sliding_window_mask,
 )
+from ...efficient.tiled import flash_tile_kinds, tiled_attention
 from ...foundations.masks import causal_mask
 from . import _draw as draw
 
@@ -41,6 +45,9 @@ __all__ = [
     "keys_a_query_sees",
     "block_selection",
     "nsa_branches",
+    "online_tiles",
+    "ring_steps",
+    "program_grid",
 ]
 
 # --------------------------------------------------------------------------- chapter 10
@@ -1043,6 +1050,452 @@ def nsa_branches():
         ax,
         (left, 0.3),
         f"light: not attended;  palest: after the query (keys {t + 1} to {n - 1})",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        ha="left",
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 14
+
+
+def online_tiles_example():
+    """The tiny seeded example of :func:`online_tiles`: ``(q, k, v, B, query)``.
+
+    9 queries and 12 keys of size 4 (float64), blocks of ``B = 3``; ``query`` (6) is
+    the first query of the last query block, whose state the diagram follows.
+    """
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (9, 12, 12))
+    return q, k, v, 3, 6
+
+
+def online_states(q, k, v, block: int, query: int) -> list[tuple[float, float]]:
+    """``(m, l)`` of one query after each key block: its running maximum and sum.
+
+    Computed by the package: ``m`` is the largest scaled score seen so far
+    (:func:`~attention._core.attention_scores`), and ``l = exp(lse - m)`` with ``lse``
+    the log-sum-exp that :func:`~attention.tiled_attention` returns for the keys seen
+    so far: the state after ``t`` blocks is attention over those keys.
+    """
+    scores, _ = attention_scores(q[query : query + 1], k)  # (1, j), scaled
+    states = []
+    for end in range(block, k.shape[0] + block, block):
+        m = scores[0, :end].max()
+        _, lse = tiled_attention(
+            q[query : query + 1], k[:end], v[:end], return_lse=True
+        )
+        states.append((float(m), float(torch.exp(lse[0] - m))))
+    return states
+
+
+def online_tiles():
+    """FlashAttention's tiles: a query block meets the key blocks one after another.
+
+    The scores of 9 queries and 12 keys are cut into 3 x 4 tiles (blocks of 3). The
+    program of the last query block visits its tiles from left to right; beneath each
+    tile, the running maximum ``m`` and running sum ``l`` of its first query after that
+    block (``m[t]``, ``l[t]``), and between them the factor ``exp(m - m')`` that
+    rescales the sum and the accumulator when the maximum grows (``rescale[t]``). The
+    numbers come from :func:`online_states`.
+
+    Returns:
+        The Figure.
+    """
+    q, k, v, block, query = online_tiles_example()
+    states = online_states(q, k, v, block, query)
+    n_q, n_k = q.shape[0] // block, k.shape[0] // block
+    fig, ax = draw.canvas(
+        7.2, 3.75, "FlashAttention's tiles: a query block meets the key blocks in turn"
+    )
+    width, height, left, top = 0.95, 0.38, 1.45, 2.95
+    last = n_q - 1
+    for r in range(n_q):
+        for c in range(n_k):
+            fill = (
+                draw.tint(draw.ROLE["query"], 0.35)
+                if r == last
+                else draw.tint(draw.ROLE["input"], 0.15)
+            )
+            x, y = left + c * width, top - (r + 1) * height
+            patch = Rectangle(
+                (x, y), width, height, facecolor=fill, edgecolor=draw.GRID, lw=0.6
+            )
+            patch.set_gid(f"tile[{r},{c}]")
+            ax.add_patch(patch)
+            draw.label(
+                ax, (x + width / 2, y + height / 2), f"$Q_{r} K_{c}^\\top$", size=12
+            )
+        draw.label(
+            ax,
+            (left - 0.1, top - (r + 0.5) * height),
+            f"queries {r * block}-{r * block + block - 1}",
+            size=draw.SMALL,
+            ha="right",
+        )
+    for c in range(n_k):
+        draw.label(
+            ax,
+            (left + (c + 0.5) * width, top + 0.06),
+            f"keys {c * block}-{c * block + block - 1}",
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            va="bottom",
+        )
+    row = draw.Bounds(left, top - n_q * height, n_k * width, height)
+    draw.outline(ax, row, colour=draw.ROLE["query"])
+    draw.label(
+        ax,
+        (row.right + 0.12, row.centre[1]),
+        "one program:\nthis query block,\nkey blocks in turn",
+        size=draw.SMALL,
+        ha="left",
+    )
+    # the state of the followed query after each key block
+    y_box, box_w = 1.02, 0.74
+    boxes = []
+    for c, (m, total) in enumerate(states):
+        centre = (left + (c + 0.5) * width, y_box)
+        box = draw.box(
+            ax, centre, f"m = {m:.2f}\nℓ = {total:.2f}", width=box_w, size=8.5
+        )
+        ax.texts[-1].set_gid(f"state[{c}]")
+        draw.arrow(ax, (centre[0], row.bottom), (centre[0], box.top), colour=draw.MUTED)
+        boxes.append(box)
+    for c in range(1, len(states)):
+        a, b = boxes[c - 1], boxes[c]
+        draw.arrow(ax, a.east, b.west)
+        factor = math.exp(states[c - 1][0] - states[c][0])
+        text = draw.label(
+            ax,
+            ((a.right + b.left) / 2, a.bottom - 0.08),
+            f"×{factor:.2f}",
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            va="top",
+        )
+        text.set_gid(f"rescale[{c}]")
+    end = draw.box(
+        ax,
+        (boxes[-1].right + 0.95, y_box),
+        "O = acc / ℓ\nlse = m + log ℓ",
+        width=1.4,
+        size=8.5,
+    )
+    draw.arrow(ax, boxes[-1].east, end.west)
+    draw.label(
+        ax,
+        (left - 0.1, y_box),
+        f"query {query}\nafter each block",
+        size=draw.SMALL,
+        ha="right",
+    )
+    draw.label(
+        ax,
+        (0.3, 0.3),
+        "State carried from tile to tile: running max m, running sum ℓ, unnormalised "
+        "output acc.\nWhen m grows to m′, ℓ and acc are multiplied by exp(m − m′) "
+        "(the factor under each arrow).",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        ha="left",
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 15
+
+#: Fills of the ring's work: none, half a block of (N/P)^2 scores, a whole block.
+_WORK_FILLS = {
+    0.0: draw.BLOCKED,
+    0.5: draw.tint(draw.ROLE["value"], 0.45),
+    1.0: draw.ROLE["value"],
+}
+
+
+def ring_work(world_size: int, layout: str) -> list[list[float]]:
+    """``work[t][r]``: the causal scores rank ``r`` computes at step ``t`` of the ring.
+
+    In units of one contiguous block of ``(N/P)^2`` scores, from
+    :func:`~attention.efficient.distributed.ring_schedule` (the schedule
+    :func:`~attention.ring_attention` runs): a full pair of chunks counts its area, a
+    diagonal pair half of it; a zigzag chunk is half as long, so its pairs count a
+    quarter as much.
+    """
+    area = 1.0 if layout == "contiguous" else 0.25
+    schedule = ring_schedule(world_size, layout=layout, is_causal=True)
+    return [
+        [
+            sum(area * (1.0 if kind == "full" else 0.5) for *_, kind in entry["pairs"])
+            for entry in step
+        ]
+        for step in schedule
+    ]
+
+
+def _chunks(rank: int, world_size: int, layout: str) -> list[int]:
+    """The chunks rank ``rank`` holds: one of ``P``, or two of ``2P`` (zigzag)."""
+    return [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
+
+
+def ring_steps():
+    """The ring's steps, P = 4, causal: who holds which keys, and the work it does.
+
+    Two tables, contiguous and zigzag layout: row ``t`` is a step, column ``r`` a rank.
+    A cell names the chunks of keys and values rank ``r`` holds at step ``t`` (those of
+    rank ``(r - t) mod P``, from :func:`~attention.efficient.distributed.ring_schedule`;
+    gid ``held:<layout>[t,r]``) and is filled by the causal work it does there
+    (:func:`ring_work`). Under each column, the rank's total (``total:<layout>[r]``).
+
+    Returns:
+        The Figure.
+    """
+    p = 4
+    schedule = ring_schedule(p)
+    fig, ax = draw.canvas(
+        7.3, 3.95, "The ring, P = 4 ranks: keys and values move one rank per step"
+    )
+    draw.label(
+        ax,
+        (3.65, 3.38),
+        "Each rank keeps its queries; at step t rank r holds the keys and values of "
+        "rank (r − t) mod P. Cells: the chunks held.",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    width, height, top = 0.6, 0.36, 2.62
+    for layout, left in (("contiguous", 1.0), ("zigzag", 4.65)):
+        work = ring_work(p, layout)
+        draw.label(
+            ax,
+            (left + p * width / 2, top + 0.5),
+            f"{layout} layout, causal",
+            fontweight="bold",
+        )
+        for r in range(p):
+            queries = ",".join(str(c) for c in _chunks(r, p, layout))
+            draw.label(
+                ax,
+                (left + (r + 0.5) * width, top + 0.05),
+                f"rank {r}\nq: {queries}",
+                size=draw.SMALL,
+                colour=draw.MUTED,
+                va="bottom",
+            )
+        for t, step in enumerate(schedule):
+            y = top - (t + 1) * height
+            draw.label(
+                ax,
+                (left - 0.08, y + height / 2),
+                f"step {t}",
+                size=draw.SMALL,
+                ha="right",
+            )
+            for r, entry in enumerate(step):
+                fill = _WORK_FILLS[work[t][r]]
+                x = left + r * width
+                ax.add_patch(
+                    Rectangle(
+                        (x, y),
+                        width,
+                        height,
+                        facecolor=fill,
+                        edgecolor=draw.GRID,
+                        lw=0.6,
+                    )
+                )
+                held = ",".join(str(c) for c in _chunks(entry["source"], p, layout))
+                text = draw.label(
+                    ax,
+                    (x + width / 2, y + height / 2),
+                    held,
+                    size=draw.SMALL,
+                    colour=draw.ink_on(fill),
+                )
+                text.set_gid(f"held:{layout}[{t},{r}]")
+        bottom = top - p * height
+        ax.add_patch(
+            Rectangle(
+                (left, bottom),
+                p * width,
+                p * height,
+                fill=False,
+                edgecolor=draw.INK,
+                lw=1.4,
+            )
+        )
+        draw.label(
+            ax, (left - 0.08, bottom - 0.17), "total", size=draw.SMALL, ha="right"
+        )
+        for r in range(p):
+            total = sum(row[r] for row in work)
+            text = draw.label(
+                ax,
+                (left + (r + 0.5) * width, bottom - 0.17),
+                f"{total:g}",
+                size=draw.SMALL,
+                fontweight="bold",
+            )
+            text.set_gid(f"total:{layout}[{r}]")
+    items = [
+        (_WORK_FILLS[0.0], "skipped: all keys after all queries"),
+        (_WORK_FILLS[0.5], "half a block of (N/P)² scores"),
+        (_WORK_FILLS[1.0], "a full block"),
+    ]
+    for (fill, text), x in zip(items, (0.35, 3.05, 5.45)):
+        draw.legend(ax, (x, 0.4), [(fill, text)])
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 16
+
+#: Fills of the tiles of :func:`program_grid`, by kind (0, 1, 2 of flash_tile_kinds).
+_TILE_FILLS = {
+    0: draw.BLOCKED,
+    1: draw.tint(draw.ROLE["key"], 0.35),
+    2: draw.ROLE["key"],
+}
+
+
+def program_grid():
+    """A launch grid of programs, and the key blocks one causal program visits.
+
+    ``i = j = 64``, blocks of 16, ``b·h = 3``: the forward kernel runs a grid of
+    ``(cdiv(i, 16), b·h) = (4, 3)`` programs, one per query block and batch·head
+    (``program[m,z]``). Program ``(2, 1)`` is followed: on the right, the causal tiles
+    of its batch·head, from :func:`~attention.efficient.tiled.flash_tile_kinds`
+    (``tile[m,n]``), its own row outlined and numbered in the order it visits them.
+
+    Returns:
+        The Figure.
+    """
+    i, block, heads, followed = 64, 16, 3, (2, 1)
+    kinds = flash_tile_kinds(i, i, block, is_causal=True)
+    n_m = kinds.shape[0]
+    fig, ax = draw.canvas(
+        7.2, 3.45, "One program per query block: the grid and one program's tiles"
+    )
+    # the grid: program_id(0) along x, program_id(1) along y
+    cell, left, top = 0.44, 1.45, 2.55
+    for z in range(heads):
+        for m in range(n_m):
+            chosen = (m, z) == followed
+            fill = draw.tint(draw.ROLE["query"], 0.6 if chosen else 0.15)
+            x, y = left + m * cell, top - (z + 1) * cell
+            patch = Rectangle(
+                (x, y), cell, cell, facecolor=fill, edgecolor=draw.GRID, lw=0.6
+            )
+            patch.set_gid(f"program[{m},{z}]")
+            ax.add_patch(patch)
+            draw.label(ax, (x + cell / 2, y + cell / 2), f"{m},{z}", size=draw.SMALL)
+    grid = draw.Bounds(left, top - heads * cell, n_m * cell, heads * cell)
+    draw.outline(
+        ax,
+        draw.Bounds(
+            left + followed[0] * cell, top - (followed[1] + 1) * cell, cell, cell
+        ),
+        colour=draw.ROLE["query"],
+        pad=0.02,
+    )
+    draw.label(
+        ax,
+        (grid.centre[0], grid.top + 0.1),
+        f"grid ({n_m}, {heads}): (cdiv(i, B), b·h)",
+        size=draw.SMALL,
+        va="bottom",
+    )
+    draw.label(
+        ax,
+        (grid.centre[0], grid.bottom - 0.1),
+        "query block m = program_id(0)",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    draw.label(
+        ax,
+        (grid.left - 0.12, grid.centre[1]),
+        "batch·head z\n= program_id(1)",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        ha="right",
+    )
+    # the tiles of one batch·head: rows are programs, columns key blocks
+    tile, t_left, t_top = 0.4, 4.3, 2.7
+    for m in range(n_m):
+        for n in range(kinds.shape[1]):
+            fill = _TILE_FILLS[int(kinds[m, n])]
+            x, y = t_left + n * tile, t_top - (m + 1) * tile
+            patch = Rectangle(
+                (x, y), tile, tile, facecolor=fill, edgecolor=draw.GRID, lw=0.6
+            )
+            patch.set_gid(f"tile[{m},{n}]")
+            ax.add_patch(patch)
+        draw.label(
+            ax,
+            (t_left - 0.08, t_top - (m + 0.5) * tile),
+            f"m = {m}",
+            size=draw.SMALL,
+            ha="right",
+        )
+    visited = [n for n in range(kinds.shape[1]) if kinds[followed[0], n] > 0]
+    for step, n in enumerate(visited, start=1):
+        fill = _TILE_FILLS[int(kinds[followed[0], n])]
+        text = draw.label(
+            ax,
+            (t_left + (n + 0.5) * tile, t_top - (followed[0] + 0.5) * tile),
+            str(step),
+            size=9,
+            colour=draw.ink_on(fill),
+            fontweight="bold",
+        )
+        text.set_gid(f"visit[{n}]")
+    tiles = draw.Bounds(t_left, t_top - n_m * tile, kinds.shape[1] * tile, n_m * tile)
+    draw.outline(
+        ax,
+        draw.Bounds(t_left, t_top - (followed[0] + 1) * tile, tiles.width, tile),
+        colour=draw.ROLE["query"],
+        pad=0.02,
+    )
+    draw.label(
+        ax,
+        (tiles.centre[0], tiles.top + 0.1),
+        f"causal tiles of z = {followed[1]}, i = j = {i}, B = {block}",
+        size=draw.SMALL,
+        va="bottom",
+    )
+    draw.label(
+        ax,
+        (tiles.centre[0], tiles.bottom - 0.1),
+        "key block n",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+        va="top",
+    )
+    start = (grid.right + 0.08, top - (followed[1] + 0.5) * cell)
+    draw.arrow(
+        ax,
+        start,
+        (tiles.left - 0.62, t_top - (followed[0] + 0.5) * tile),
+        text="its row",
+        colour=draw.ROLE["query"],
+    )
+    draw.legend(
+        ax,
+        (tiles.right + 0.15, tiles.top - 0.2),
+        [
+            (_TILE_FILLS[1], "no mask"),
+            (_TILE_FILLS[2], "masked"),
+            (_TILE_FILLS[0], "not loaded"),
+        ],
+    )
+    draw.label(
+        ax,
+        (0.35, 0.42),
+        "Numbers: the order in which program (2, 1) folds its key blocks into its "
+        "running state.\nIt loads its block of queries once and writes its rows of "
+        "the output once.",
         size=draw.SMALL,
         colour=draw.MUTED,
         ha="left",
