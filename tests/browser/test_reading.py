@@ -150,6 +150,39 @@ def test_wide_screens_give_code_cells_the_empty_right_margin(browser, server):
     )
 
 
+# --- Package source shown as highlighted, numbered listings -------------------------
+def listings(path: Path):
+    """The ``{literalinclude}`` listings of a page: numbered blocks with a caption."""
+    return [
+        block
+        for block in soup(path).select("div.literal-block-wrapper")
+        if block.select("pre span.linenos")
+    ]
+
+
+def test_chapter_16_shows_its_kernels_as_numbered_emphasised_listings():
+    """The kernels read line by line are highlighted source with the file's line
+    numbers, the discussed lines emphasised, every line (number included) within 88
+    columns; not printed text. tests/test_chapter_listings.py ties the emphasised
+    lines to the prose."""
+    (page,) = [p for p in CHAPTER_PAGES if topic(p) == "triton_flash"]
+    shown = listings(page)
+    assert len(shown) >= 3, f"{page_id(page)}: {len(shown)} numbered listings"
+    for block in shown:
+        pre = block.select_one("pre")
+        caption = block.select_one(".caption-text").get_text()
+        assert pre.select("span.hll"), f"{caption}: no emphasised line"
+        assert pre.select("span.k, span.n"), f"{caption}: not highlighted"
+        wide = [line for line in pre.get_text().splitlines() if columns(line) > 88]
+        assert not wide, f"{caption}: {len(wide)} lines over 88 columns"
+    printed = [
+        out.get_text()
+        for out in soup(page).select("div.cell_output")
+        if "@triton.jit" in out.get_text()
+    ]
+    assert printed == [], "a kernel's source is printed as output"
+
+
 # --- No raw math ----------------------------------------------------------------------
 MATH_CLASSES = {"math", "tex2jax_process", "mathjax_process", "output_area"}
 NOT_PROSE = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "svg"}

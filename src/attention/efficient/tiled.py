@@ -45,7 +45,7 @@ from .._core import default_scale, max_shift, poisoned_rows
 from ._tiled import TiledAttention
 
 # The facade re-exports the library names (the first 2); the teaching helper after
-# them is imported from this module's path by chapters 14 and 16.
+# them is imported from this module's path by chapter 16 and its exercises.
 __all__ = ["online_softmax", "tiled_attention", "flash_tile_kinds"]
 
 #: The kinds of tile in :func:`flash_tile_kinds`' table.

@@ -114,18 +114,18 @@ def flash_forward_block(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    r"""One step of the online softmax: fold one key/value block into the running state.
+    r"""One step of the online softmax: fold a key/value block into the state.
 
-    The inner step of :func:`flash_forward_kernel`: load the block's keys and values,
-    score them against the program's queries (in base-2 units, the scale times
-    :math:`\log_2 e`), hide what the causal mask and the sequence end hide, raise the
-    running maximum ``m_i``, rescale the running sum ``l_i`` and the accumulator ``acc``
-    by ``alpha`` and add this block's share. Returns the new ``(acc, m_i, l_i)``.
+    The inner step of :func:`flash_forward_kernel`: load the block's keys and
+    values, score them against the program's queries (in base-2 units: the scale
+    times :math:`\log_2 e`), hide what the causal mask and the sequence end hide,
+    raise the running maximum ``m_i``, rescale the running sum ``l_i`` and the
+    accumulator ``acc`` by ``alpha``, and add this block's share. Returns the new
+    ``(acc, m_i, l_i)``.
     """
     keys_in = (start_n + offs_n) < num_keys
-    inside = (
-        keys_in[:, None] & dims_in[None, :]
-    )  # rows past j, columns past d: not read
+    # rows past the last key and columns past d are not read
+    inside = keys_in[:, None] & dims_in[None, :]
     k = tl.load(k_ptrs + start_n * stride_kn, mask=inside, other=0.0)
     v = tl.load(v_ptrs + start_n * stride_vn, mask=inside, other=0.0)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
@@ -328,7 +328,8 @@ def flash_backward_dkdv_kernel(
         visible = keys_in[:, None] & rows_in[None, :]
         if IS_CAUSAL:
             visible = visible & (rows[None, :] >= offs_n[:, None])
-        p_t = tl.where(visible, tl.math.exp2(qk_t - lse[None, :]), 0.0)  # P recomputed
+        # P, recomputed from the saved log-sum-exp
+        p_t = tl.where(visible, tl.math.exp2(qk_t - lse[None, :]), 0.0)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
