@@ -14,7 +14,11 @@ line fails a test instead of silently emphasising another line:
 - the discussion after a listing (the rest of its cell) quotes, in inline code, a
   statement of every emphasised line (a span of at least 10 characters found in it);
 - every quote of the discussion that is found in the snippet is found in an emphasised
-  line: the prose discusses no line that is not highlighted.
+  line: the prose discusses no line that is not highlighted;
+- a quote that opens a bullet or a paragraph of the discussion (the line being read)
+  is found in the snippet: prose about a line that was since rewritten fails;
+- no chapter copies a kernel's source into a code cell or prints it
+  (``inspect.getsource``): the listings are the only copy, and they are the file.
 """
 
 from __future__ import annotations
@@ -155,6 +159,34 @@ def test_every_line_the_prose_quotes_is_emphasised(listing):
     )
 
 
+def leading_quotes(text: str) -> list[str]:
+    """The inline code span that opens each bullet or paragraph of a discussion."""
+    found = re.findall(r"(?:^|\n\n|\n[-*] )`([^`\n]+)`", text)
+    return [squeeze(q) for q in found]
+
+
+@pytest.mark.parametrize("listing", LISTINGS, ids=str)
+def test_every_line_the_prose_reads_is_in_the_source(listing):
+    lines, _ = snippet(listing)
+    shown = [squeeze(line) for line in lines]
+    stale = [
+        q for q in leading_quotes(listing.discussion) if not any(q in s for s in shown)
+    ]
+    assert not stale, f"{listing}: the prose reads {stale}, which the source lacks"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_chapter_copies_or_prints_package_source(chapter):
+    cells = json.loads(chapter.read_text(encoding="utf-8"))["cells"]
+    copied = [
+        n
+        for n, cell in enumerate(cells)
+        if cell["cell_type"] == "code"
+        and any(s in "".join(cell["source"]) for s in ("@triton.jit", "getsource("))
+    ]
+    assert not copied, f"{chapter.stem}: cells {copied} copy or print source"
+
+
 def test_the_quote_rules_catch_a_shifted_emphasis(tmp_path):
     """Emphasising the line after the discussed one fails both rules."""
     source = tmp_path / "kernel.py"
@@ -173,6 +205,19 @@ def test_the_quote_rules_catch_a_shifted_emphasis(tmp_path):
     listing.options["emphasize-lines"] = "2"
     _, marked = snippet(listing)
     assert any(q in squeeze(line) for q in said for line in marked)
+
+
+def test_a_rewritten_line_leaves_a_stale_quote(tmp_path):
+    """The discussion reads a line the source no longer has: the quote is found."""
+    source = tmp_path / "kernel.py"
+    source.write_text("def f(x):\n    y = x + 200\n    return y\n")
+    text = "Intro.\n\n- `y = x + 100` adds a hundred.\n- `return y` ends.\n"
+    assert leading_quotes(text) == ["y = x + 100", "return y"]
+    listing = Listing(
+        "test", 0, source, {"pyobject": "f", "emphasize-lines": "2"}, text
+    )
+    lines, _ = snippet(listing)
+    assert not any("y = x + 100" in squeeze(line) for line in lines)
 
 
 def test_the_directive_pattern_reads_a_listing():
