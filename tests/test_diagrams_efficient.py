@@ -255,7 +255,8 @@ def test_online_tiles_print_the_running_max_and_sum_of_the_followed_query():
         if previous is not None:
             assert texts[f"rescale[{t}]"].get_text() == f"×{math.exp(previous - m):.2f}"
         previous = m
-    # the example shows both: a maximum that grows (a factor below 1), and one that stays
+    # the example shows both: a maximum that grows (a factor below 1), and one that
+    # stays
     factors = [texts[f"rescale[{t}]"].get_text() for t in range(1, len(k) // block)]
     assert "×1.00" in factors and any(f != "×1.00" for f in factors)
     # the followed query's block is the highlighted row

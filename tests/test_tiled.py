@@ -646,7 +646,7 @@ def test_masks_broadcasting_over_the_key_axis_with_the_lse_and_backward(shape, g
         torch.testing.assert_close(a, b)
 
 
-# --------------------------------------------------------------------------- the schedule
+# ------------------------------------------------------------------------- the schedule
 
 
 def _kinds_by_pairs(i, j, block, is_causal):

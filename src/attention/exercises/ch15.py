@@ -206,7 +206,7 @@ def _distinct(out, n, world_size, rank):
 
 
 def check_zigzag_positions(fn) -> None:
-    r"""Check ``fn(n, world_size, rank)``: the positions a rank holds in the zigzag layout.
+    r"""Check ``fn(n, world_size, rank)``: the positions a rank holds, zigzag layout.
 
     The sequence ``0 .. n - 1`` is cut into ``2P`` chunks of ``n / (2P)`` positions
     (``P = world_size``; ``n`` is a multiple of ``2P``). Rank ``r`` holds chunk ``r``
@@ -223,7 +223,8 @@ def check_zigzag_positions(fn) -> None:
         >>> def my_zigzag_positions(n, world_size, rank):
         ...     size = n // (2 * world_size)
         ...     chunks = (rank, 2 * world_size - 1 - rank)
-        ...     return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks])
+        ...     parts = [torch.arange(c * size, (c + 1) * size) for c in chunks]
+        ...     return torch.cat(parts)
         >>> check_zigzag_positions(my_zigzag_positions)  # doctest: +ELLIPSIS
         ✓ my_zigzag_positions: chunks r and 2P - 1 - r (7 inputs, exactly)
     """
@@ -316,8 +317,8 @@ def check_backward_tile(fn) -> None:
 
     The FlashAttention-2 backward pass for one block of keys and values ``k``
     ``(..., blk, d)`` and ``v`` ``(..., blk, e)``, against all queries ``q``
-    ``(..., i, d)``, given the output gradient ``d_out`` ``(..., i, e)``, the log-sum-exp
-    ``lse`` ``(..., i)`` of each query's scores over *all* keys, and
+    ``(..., i, d)``, given the output gradient ``d_out`` ``(..., i, e)``, the
+    log-sum-exp ``lse`` ``(..., i)`` of each query's scores over *all* keys, and
     ``delta = rowsum(d_out * out)`` ``(..., i)``. Rebuild the tile's weights and
     compute its gradients:
 
