@@ -50,7 +50,6 @@ NOT_YET_CONVERTED = {
     "12_sparse_attention",
     "12_gated_memory",
     "16_llm_inference",
-    "17_pretrained_model",
     "18_reading_attention",
     "18_llm_inference",
     "19_beyond_softmax",
