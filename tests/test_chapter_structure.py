@@ -51,7 +51,6 @@ NOT_YET_CONVERTED = {
     "12_gated_memory",
     "16_llm_inference",
     "18_reading_attention",
-    "18_llm_inference",
     "19_beyond_softmax",
     "19_reading_attention",
     "20_beyond_softmax",
