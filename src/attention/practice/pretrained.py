@@ -48,6 +48,7 @@ __all__ = [
     "minilm_attention_weights",
     "minilm_attention_layer",
     "token_position",
+    "minilm_model_dir",
 ]
 
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
