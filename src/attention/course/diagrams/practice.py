@@ -295,7 +295,8 @@ def cache_per_token():
 
     One strip per kind, one cell per 32 cached numbers: MHA keeps a key (orange) and a
     value (green) for each of the 8 heads, GQA for each of 2 key/value heads, MQA for
-    one, and MLA one latent ``c`` (grey) plus one rotary key ``k_R`` shared by all heads.
+    one, and MLA one latent ``c`` (grey) plus one rotary key ``k_R`` shared by all
+    heads.
     The bytes per token and layer (bf16) are written after each strip (gid
     ``bytes:<kind>``), computed by :func:`cache_rows`.
 
