@@ -49,7 +49,6 @@ NOT_YET_CONVERTED = {
     "09_scoring_alignment",
     "12_sparse_attention",
     "12_gated_memory",
-    "16_llm_inference",
     "18_reading_attention",
     "19_beyond_softmax",
     "19_reading_attention",
