@@ -21,10 +21,9 @@ from .layers import *  # chapters 5-9
 from .practice import *  # chapters 17-18
 
 # every diagram of every part, for tests/test_diagrams.py and the chapters; a part's
-# module adds its two lines above and its __all__ here
-__all__ = [
-    *foundations.__all__,
-    *layers.__all__,
-    *efficient.__all__,
-    *practice.__all__,
-]
+# module adds its two lines above and its `__all__ +=` line here (a form pyright reads)
+__all__: list[str] = []
+__all__ += foundations.__all__
+__all__ += layers.__all__
+__all__ += efficient.__all__
+__all__ += practice.__all__
