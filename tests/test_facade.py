@@ -27,7 +27,7 @@ ROOT = INIT.parents[2]
 # modules a reader imports by path: one chapter's toolkit, not part of the library
 # (triton_flash needs the optional Triton); whole subpackages a chapter imports by path:
 # the exercise checkers and the conceptual diagrams
-STANDALONE = {"layers.seq2seq", "efficient.triton_flash"}
+STANDALONE = {"layers.seq2seq", "layers.learned_queries", "efficient.triton_flash"}
 STANDALONE_PACKAGES = ("exercises.", "course.diagrams.")
 
 
