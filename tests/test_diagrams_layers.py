@@ -167,3 +167,38 @@ def test_position_schemes_prints_alibis_bias_of_one_head():
     fig = diagrams.position_schemes()
     expected = [[f"{-abs(i - j) / 2:g}" for j in range(4)] for i in range(4)]
     assert shown(fig, "bias", 4, 4) == expected
+
+
+# =========================================================================== chapter 8
+
+
+def test_cross_attention_diagram_prints_the_layers_weights_and_outputs():
+    from attention.course.diagrams.layers import cross_example
+
+    fig = diagrams.encoder_decoder_cross_attention()
+    source, target, memory, states, layer = cross_example()
+    wq, wk, wv = (
+        m.weight.detach() for m in (layer.w_query, layer.w_key, layer.w_value)
+    )
+    q, k, v = states @ wq.T, memory @ wk.T, memory @ wv.T
+    a = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
+    assert shown(fig, "A", 3, 5) == formatted(a, "{:.2f}")
+    assert shown(fig, "Z", 3, 2) == formatted(a @ v, "{:.2f}")
+    assert by_gid(fig)["shape:Z"].get_text().endswith("(3, 2)")
+    labels = {t.get_text() for t in fig.findobj(Text)}
+    assert set(source) | set(target) <= labels
+
+
+def test_learned_queries_diagram_prints_the_blocks_weights():
+    from attention.course.diagrams.layers import latent_example
+
+    fig = diagrams.learned_queries_summary()
+    layer, small, large = latent_example()
+    a = layer.attn
+    q = layer.latents.detach() @ a.w_query.weight.detach().T + a.w_query.bias.detach()
+    for gid, x in (("A0", small), ("A1", large)):
+        k = x[0] @ a.w_key.weight.detach().T + a.w_key.bias.detach()
+        w = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
+        assert shown(fig, gid, 3, x.shape[1]) == formatted(w, "{:.1f}")
+    texts = by_gid(fig)
+    assert texts["shape:Z0"].get_text() == texts["shape:Z1"].get_text() == "(3, 4)"

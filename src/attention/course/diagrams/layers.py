@@ -26,7 +26,9 @@ from matplotlib.colors import Normalize
 from matplotlib.patches import Arc, Circle, FancyArrowPatch
 
 from ...foundations.scaled_dot_product import scaled_dot_product_attention
+from ...layers.cross_attention import CrossAttention
 from ...layers.kv_cache import kv_cache_bytes_per_token
+from ...layers.learned_queries import LatentCrossAttention
 from ...layers.multihead import MultiHeadAttention, merge_heads, split_heads
 from ...layers.positional import alibi_bias, apply_rope, rope_frequencies
 from ...layers.self_attention import SelfAttention
@@ -39,6 +41,8 @@ __all__ = [
     "kv_cache_growth",
     "position_schemes",
     "rope_rotation",
+    "encoder_decoder_cross_attention",
+    "learned_queries_summary",
 ]
 
 #: Colours that tell tokens (or heads) apart, the Okabe-Ito hues not used by ROLE.
@@ -811,4 +815,189 @@ def position_schemes():
         colour=draw.MUTED,
         ha="left",
     )
+    return fig
+
+
+# =========================================================================== chapter 8
+
+
+_SOURCE = ("the", "black", "cat", "sat", "down")
+_TARGET = ("<s>", "le", "chat")
+
+
+def cross_example():
+    """The tiny seeded layer of :func:`encoder_decoder_cross_attention`, in float64.
+
+    Returns:
+        ``(source, target, memory, states, layer)``: the source and target token
+        names, the encoder output ``memory`` ``(5, 4)``, the decoder states ``(3, 4)``
+        and a ``CrossAttention(4, 4, 2, 2)``.
+    """
+    torch.manual_seed(8)
+    layer = CrossAttention(4, 4, 2, 2).double()
+    g = torch.Generator().manual_seed(8)
+    memory = 2 * torch.randn(len(_SOURCE), 4, generator=g, dtype=torch.float64)
+    states = 2 * torch.randn(len(_TARGET), 4, generator=g, dtype=torch.float64)
+    return _SOURCE, _TARGET, memory, states, layer
+
+
+def encoder_decoder_cross_attention():
+    """Cross-attention in an encoder-decoder: queries from the decoder, keys and
+    values from the encoder.
+
+    A seeded ``CrossAttention`` reads 3 decoder states (target tokens) and 5 encoder
+    outputs (source tokens). The weights are a 3 x 5 table, target rows against
+    source columns, and the output has one row per target token. All numbers are the
+    layer's own (``need_weights=True``).
+
+    Returns:
+        The Figure.
+    """
+    source, target, memory, states, layer = cross_example()
+    with torch.no_grad():
+        z, a = layer(states, memory, need_weights=True)  # (3, 2), (3, 5)
+    fig, ax = draw.canvas(
+        7.2, 4.0, "Cross-attention: the decoder asks, the encoder answers"
+    )
+    dec = draw.matrix(
+        ax,
+        (1.05, 2.5),
+        *states.shape,
+        cell=0.22,
+        colour=draw.ROLE["query"],
+        name="decoder states",
+        shape=_shape(states.shape),
+        row_labels=target,
+        gid="dec",
+    )
+    enc = draw.matrix(
+        ax,
+        (1.05, 0.95),
+        *memory.shape,
+        cell=0.22,
+        colour=draw.ROLE["key"],
+        name="encoder output",
+        shape=_shape(memory.shape),
+        row_labels=source,
+        gid="enc",
+    )
+    heat = draw.heatmap(
+        ax,
+        (4.1, 2.5),
+        a,
+        cell=0.42,
+        name="weights A (target × source)",
+        row_labels=target,
+        col_labels=source,
+        gid="A",
+    )
+    out = draw.matrix(
+        ax,
+        (6.65, 2.5),
+        *z.shape,
+        cell=0.42,
+        values=z,
+        colour=draw.ROLE["value"],
+        name="output",
+        shape=_shape(z.shape),
+        gid="Z",
+    )
+    draw.arrow(ax, dec.east, (heat.left - 0.55, 2.5), text="queries")
+    draw.arrow(
+        ax, enc.east, (heat.centre[0], heat.bottom - 0.05), text="keys", side="below"
+    )
+    draw.arrow(ax, (heat.right + 0.7, 2.5), out.west, text="× V")
+    draw.arrow(
+        ax,
+        (enc.right + 0.1, enc.bottom + 0.15),
+        (out.centre[0], out.bottom - 0.35),
+        text="values",
+        side="below",
+    )
+    note = draw.label(
+        ax,
+        (4.4, 0.3),
+        f"one output row per target token: {_shape(z.shape)}",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    note.set_gid("shape:Z")
+    return fig
+
+
+def latent_example():
+    """The tiny seeded block of :func:`learned_queries_summary`, in float64.
+
+    Returns:
+        ``(layer, small, large)``: a ``LatentCrossAttention(3, 4, input_dim=3)`` and
+        two inputs, a set of 4 and a set of 7 elements, ``(1, n, 3)``.
+    """
+    torch.manual_seed(3)
+    layer = LatentCrossAttention(3, 4, input_dim=3, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    small = 2 * torch.randn(1, 4, 3, generator=g, dtype=torch.float64)
+    large = 2 * torch.randn(1, 7, 3, generator=g, dtype=torch.float64)
+    return layer, small, large
+
+
+def learned_queries_summary():
+    """Learned queries summarise an input of any size in a fixed number of rows.
+
+    A seeded ``LatentCrossAttention`` with 3 learned queries (Perceiver latents, DETR
+    object queries) reads a set of 4 elements and a set of 7. Its weights have one
+    column per element, but the output has 3 rows both times. The numbers are the
+    block's own.
+
+    Returns:
+        The Figure.
+    """
+    layer, small, large = latent_example()
+    with torch.no_grad():
+        results = [layer(x, need_weights=True) for x in (small, large)]
+    latents = layer.latents.detach()
+    fig, ax = draw.canvas(7.2, 4.3, "Learned queries: any number of inputs, m outputs")
+    lat = draw.matrix(
+        ax,
+        (0.95, 2.1),
+        *latents.shape,
+        cell=0.24,
+        colour=draw.ROLE["query"],
+        name="learned queries",
+        shape=f"(m, d) = {_shape(latents.shape)}",
+        row_labels=[f"q{i}" for i in range(latents.shape[0])],
+        gid="L",
+    )
+    for k, ((z, w), y) in enumerate(zip(results, (3.05, 1.05))):
+        assert w is not None
+        weights = w[0, 0]  # (m, n)
+        n = weights.shape[-1]
+        heat = draw.heatmap(
+            ax,
+            (2.55 + n * 0.36 / 2, y),
+            weights,
+            cell=0.36,
+            fmt="{:.1f}",
+            size=8.0,
+            name=f"weights over a set of {n} elements",
+            row_labels=[f"q{i}" for i in range(weights.shape[0])],
+            col_labels=[f"x{j + 1}" for j in range(n)],
+            colorbar="weight" if k == 1 else None,
+            gid=f"A{k}",
+        )
+        out = draw.matrix(
+            ax,
+            (6.45, y),
+            *z[0].shape,
+            cell=0.2,
+            colour=draw.ROLE["value"],
+            name="output",
+            shape=_shape(z[0].shape),
+            gid=f"Z{k}",
+        )
+        draw.arrow(ax, lat.east, heat.west)
+        end = heat.right + (0.75 if k == 1 else 0.1)
+        draw.arrow(ax, (end, y), out.west)
+        for t in ax.texts:
+            if t.get_text() == _shape(z[0].shape) and t.get_gid() is None:
+                t.set_gid(f"shape:Z{k}")
     return fig
