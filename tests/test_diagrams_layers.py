@@ -202,3 +202,37 @@ def test_learned_queries_diagram_prints_the_blocks_weights():
         assert shown(fig, gid, 3, x.shape[1]) == formatted(w, "{:.1f}")
     texts = by_gid(fig)
     assert texts["shape:Z0"].get_text() == texts["shape:Z1"].get_text() == "(3, 4)"
+
+
+# =========================================================================== chapter 9
+
+
+def test_alignment_kinds_prints_the_packages_weights():
+    from attention.course.diagrams.layers import alignment_example
+
+    fig = diagrams.alignment_kinds()
+    scores, sample, centre, half = alignment_example()
+    soft = torch.softmax(scores, -1)
+    assert shown(fig, "scores", 1, 8) == formatted(scores, "{:.1f}")
+    assert shown(fig, "soft", 1, 8) == formatted(soft, "{:.2f}")
+    hard = shown(fig, "hard", 1, 8)[0]
+    assert hard.count("1.00") == 1 and hard.index("1.00") == sample
+    # local: the softmax over the window |l - p| <= D, times the Gaussian (sigma = D/2)
+    pos = torch.arange(8, dtype=torch.float64)
+    inside = (pos - centre).abs() <= half
+    window = torch.softmax(scores[0].masked_fill(~inside, -math.inf), -1)
+    local = window * torch.exp(-((pos - centre) ** 2) / (2 * (half / 2) ** 2))
+    assert shown(fig, "local", 1, 8) == formatted(local[None], "{:.2f}")
+
+
+def test_additive_vs_dot_prints_the_shapes():
+    from attention.course.diagrams.layers import additive_example
+
+    fig = diagrams.additive_vs_dot()
+    q, k, score = additive_example()
+    h = score.w_query.shape[0]
+    texts = by_gid(fig)
+    i, j = q.shape[0], k.shape[0]
+    assert texts["shape:dot"].get_text() == f"scores ({i}, {j})"
+    assert texts["shape:hidden"].get_text() == f"tanh(sum) ({i}, {j}, {h})"
+    assert texts["shape:additive"].get_text() == f"scores ({i}, {j})"

@@ -26,11 +26,13 @@ from matplotlib.colors import Normalize
 from matplotlib.patches import Arc, Circle, FancyArrowPatch
 
 from ...foundations.scaled_dot_product import scaled_dot_product_attention
+from ...layers.alignment import hard_alignment, local_alignment, soft_alignment
 from ...layers.cross_attention import CrossAttention
 from ...layers.kv_cache import kv_cache_bytes_per_token
 from ...layers.learned_queries import LatentCrossAttention
 from ...layers.multihead import MultiHeadAttention, merge_heads, split_heads
 from ...layers.positional import alibi_bias, apply_rope, rope_frequencies
+from ...layers.scoring import AdditiveScore, additive_hidden, dot_scores
 from ...layers.self_attention import SelfAttention
 from . import _draw as draw
 
@@ -43,6 +45,8 @@ __all__ = [
     "rope_rotation",
     "encoder_decoder_cross_attention",
     "learned_queries_summary",
+    "alignment_kinds",
+    "additive_vs_dot",
 ]
 
 #: Colours that tell tokens (or heads) apart, the Okabe-Ito hues not used by ROLE.
@@ -1000,4 +1004,171 @@ def learned_queries_summary():
         for t in ax.texts:
             if t.get_text() == _shape(z[0].shape) and t.get_gid() is None:
                 t.set_gid(f"shape:Z{k}")
+    return fig
+
+
+# =========================================================================== chapter 9
+
+
+def alignment_example():
+    """The scores and choices of :func:`alignment_kinds`: ``(scores, sample, centre,
+    half_width)``, eight seeded scores ``(1, 8)`` in float64, the hard draw's position
+    (seeded), the local window's centre ``(1,)`` and half-width."""
+    g = torch.Generator().manual_seed(9)
+    scores = 1.5 * torch.randn(1, 8, generator=g, dtype=torch.float64)
+    weights = soft_alignment(scores)
+    sample = int(hard_alignment(weights, generator=torch.Generator().manual_seed(2)))
+    return scores, sample, torch.tensor([5.2], dtype=torch.float64), 2.0
+
+
+def alignment_kinds():
+    """One row of scores, three alignments: soft, hard and local.
+
+    Soft: the softmax over every key (``soft_alignment``). Hard: one position drawn
+    from those weights (``hard_alignment``, seeded), weight 1 there. Local: the
+    softmax over the window ``|l - p| <= D`` only, damped by a Gaussian around ``p``
+    (``local_alignment``). All numbers are the package's own.
+
+    Returns:
+        The Figure.
+    """
+    scores, sample, centre, half = alignment_example()
+    soft = soft_alignment(scores)
+    hard = torch.zeros_like(soft)
+    hard[0, sample] = 1.0
+    local = local_alignment(scores, centre, half)
+    fig, ax = draw.canvas(7.2, 4.3, "From scores to weights: soft, hard and local")
+    keys = [f"k{c}" for c in range(scores.shape[-1])]
+    cell = 0.5
+    x = 3.9
+    top = draw.matrix(
+        ax,
+        (x, 3.3),
+        1,
+        8,
+        cell=cell,
+        values=scores,
+        fmt="{:.1f}",
+        colour=draw.MUTED,
+        col_labels=keys,
+        gid="scores",
+    )
+    draw.label(ax, (top.left - 0.15, 3.3), "scores", ha="right")
+    rows = (
+        ("soft", soft, "softmax over all keys", None),
+        ("hard", hard, f"one draw: k{sample}", None),
+        (
+            "local",
+            local,
+            f"window |l - p| <= {half:g}, p = {float(centre):.1f}",
+            "weight",
+        ),
+    )
+    for r, (name, w, note, bar) in enumerate(rows):
+        y = 2.35 - 0.85 * r
+        b = draw.heatmap(
+            ax,
+            (x, y),
+            w,
+            cell=cell,
+            fmt="{:.2f}",
+            size=8.5,
+            colorbar=None,
+            gid=name,
+        )
+        draw.label(ax, (b.left - 0.15, y), name, ha="right")
+        draw.label(
+            ax,
+            (b.centre[0], b.bottom - 0.12),
+            note,
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            va="top",
+        )
+        if bar:
+            cax = ax.inset_axes(
+                [b.right + 0.25, 0.55, 0.1, 2.05], transform=ax.transData
+            )
+            cbar = fig.colorbar(
+                plt.cm.ScalarMappable(
+                    norm=Normalize(0, 1), cmap=plt.get_cmap(draw.WEIGHT_CMAP)
+                ),
+                cax=cax,
+            )
+            cbar.set_ticks([0, 0.5, 1])
+            cbar.ax.tick_params(labelsize=draw.SMALL, colors=draw.MUTED, length=2)
+            cbar.set_label("weight", fontsize=draw.SMALL, color=draw.MUTED)
+    return fig
+
+
+def additive_example():
+    """The tiny seeded score of :func:`additive_vs_dot`: ``(q, k, score)`` with
+    ``q`` ``(2, 4)``, ``k`` ``(3, 4)`` in float64 and an ``AdditiveScore(4, 4, 5)``."""
+    torch.manual_seed(4)
+    score = AdditiveScore(4, 4, 5).double()
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    return q, k, score
+
+
+def additive_vs_dot():
+    """What each score computes, with the shapes of a tiny example.
+
+    Dot: one matrix product ``Q K^T`` of shape ``(i, j)``. Additive: both sides are
+    projected to ``h``, every query-key pair is added into an ``(i, j, h)`` tensor,
+    passed through tanh and reduced by ``v``. The shapes are those of
+    ``dot_scores``, ``additive_hidden`` and ``AdditiveScore`` on ``i = 2`` queries,
+    ``j = 3`` keys, ``d = 4``, ``h = 5``.
+
+    Returns:
+        The Figure.
+    """
+    q, k, score = additive_example()
+    with torch.no_grad():
+        dot = dot_scores(q, k)
+        hidden = additive_hidden(q, k, score.w_query, score.w_key, score.bias)
+        add = score(q, k)
+    fig, ax = draw.canvas(7.2, 3.6, "Dot and additive scores: one product, or a tensor")
+    draw.label(ax, (0.3, 2.85), "dot", ha="left", fontweight="bold")
+    draw.label(ax, (0.3, 1.25), "additive", ha="left", fontweight="bold")
+    qb = draw.box(ax, (1.8, 3.05), f"Q {_shape(q.shape)}", colour=draw.ROLE["query"])
+    kb = draw.box(ax, (1.8, 2.6), f"K {_shape(k.shape)}", colour=draw.ROLE["key"])
+    mm = draw.box(ax, (3.7, 2.85), "Q Kᵀ")
+    out = draw.box(ax, (6.1, 2.85), f"scores {_shape(dot.shape)}")
+    draw.arrow(ax, qb.east, mm.west)
+    draw.arrow(ax, kb.east, mm.west)
+    draw.arrow(ax, mm.east, out.west, text="one matrix product")
+    for t in ax.texts:
+        if t.get_text() == f"scores {_shape(dot.shape)}":
+            t.set_gid("shape:dot")
+    qa = draw.box(
+        ax,
+        (1.8, 1.5),
+        f"Q W₁ᵀ {_shape(q.shape[:1] + (score.w_query.shape[0],))}",
+        colour=draw.ROLE["query"],
+    )
+    ka = draw.box(
+        ax,
+        (1.8, 1.0),
+        f"K W₂ᵀ {_shape(k.shape[:1] + (score.w_key.shape[0],))}",
+        colour=draw.ROLE["key"],
+    )
+    hb = draw.box(ax, (3.9, 1.25), f"tanh(sum) {_shape(hidden.shape)}")
+    ob = draw.box(ax, (6.1, 1.25), f"scores {_shape(add.shape)}")
+    draw.arrow(ax, qa.east, hb.west)
+    draw.arrow(ax, ka.east, hb.west)
+    draw.arrow(ax, hb.east, ob.west, text="dot with v")
+    for t in ax.texts:
+        if t.get_text() == f"tanh(sum) {_shape(hidden.shape)}":
+            t.set_gid("shape:hidden")
+        if t.get_text() == f"scores {_shape(add.shape)}" and t.get_gid() is None:
+            t.set_gid("shape:additive")
+    draw.label(
+        ax,
+        (3.9, 0.45),
+        "every query-key pair gets its own h-vector: i × j × h numbers in memory",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
     return fig
