@@ -1087,7 +1087,7 @@ def alignment_kinds():
         )
         if bar:
             cax = ax.inset_axes(
-                [b.right + 0.25, 0.55, 0.1, 2.05], transform=ax.transData
+                (b.right + 0.25, 0.55, 0.1, 2.05), transform=ax.transData
             )
             cbar = fig.colorbar(
                 plt.cm.ScalarMappable(
