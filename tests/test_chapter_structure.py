@@ -45,7 +45,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 #: Chapters the structural rules skip until they are converted (the old names and the
 #: new numbering's, whichever exist; a name that does not exist is ignored).
 NOT_YET_CONVERTED = {
-    "09_scoring_alignment",
     "12_sparse_attention",
     "12_gated_memory",
     "18_reading_attention",
