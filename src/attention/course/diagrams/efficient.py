@@ -4,11 +4,13 @@ Each function returns a matplotlib Figure drawn with :mod:`._draw`; a chapter sh
 in a cell tagged ``diagram`` and ``remove-input``. Every mask, selection, state and
 number a diagram shows is computed by the package on a tiny seeded example (the causal
 mask, :func:`~attention.lightning_attention`, :func:`~attention.delta_rule_attention`,
-the pattern builders of :mod:`attention.efficient.patterns`,
-:func:`~attention.moba_attention`, :func:`~attention.native_sparse_attention`) or
-counted from the shapes of the products it draws, so the picture cannot drift from the
-mechanism it shows; each such cell or text carries a ``gid`` naming what it shows
-(``pairs[i,j]``, ``U[r,c]``, ``pattern:window[j]``, ``score[c]`` ...) for the tests.
+:func:`~attention.gated_delta_rule_attention`, :func:`~attention.kimi_delta_attention`,
+:class:`~attention.GatedDeltaNet`, the pattern builders of
+:mod:`attention.efficient.patterns`, :func:`~attention.moba_attention`,
+:func:`~attention.native_sparse_attention`) or counted from the shapes of the products
+it draws, so the picture cannot drift from the mechanism it shows; each such cell or
+text carries a ``gid`` naming what it shows (``pairs[i,j]``, ``U[r,c]``,
+``pattern:window[j]``, ``score[c]`` ...) for the tests.
 
 Shape legend: ``n`` positions, ``t`` the query followed, ``B`` a block size, ``w`` a
 window. Mask convention: boolean, **True = may attend**, as in
