@@ -48,7 +48,6 @@ NOT_YET_CONVERTED = {
     "08_cross_attention",
     "09_scoring_alignment",
     "12_sparse_attention",
-    "12_gated_memory",
     "18_reading_attention",
     "19_beyond_softmax",
     "19_reading_attention",
