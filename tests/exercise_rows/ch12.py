@@ -8,7 +8,7 @@ import torch
 from attention.exercises import ch12
 from exercise_rows import Row
 
-# --------------------------------------------------------------------------- gated delta
+# -------------------------------------------------------------------------- gated delta
 
 
 def my_gated_delta_step(state, q, k, v, beta, g, scale=None):

@@ -39,7 +39,7 @@ def _scale(scale, d: int) -> float:
     return 1 / math.sqrt(d) if scale is None else scale
 
 
-# --------------------------------------------------------------------------- gated delta
+# -------------------------------------------------------------------------- gated delta
 
 
 def _gated_delta_step(state, q, k, v, beta, g, scale=None):
@@ -119,7 +119,8 @@ def check_gated_delta_step(fn) -> None:
     :math:`S_t = \alpha (I - \beta k k^\top) S_{t-1} + \beta k v^\top` with
     :math:`\alpha = e^{g}`, ``g <= 0``. In three moves: decay the state,
     :math:`S' = \alpha S_{t-1}`; read what it returns for the key,
-    :math:`r = S'^\top k`; write the correction, :math:`S_t = S' + \beta k (v - r)^\top`.
+    :math:`r = S'^\top k`; write the correction,
+    :math:`S_t = S' + \beta k (v - r)^\top`.
     Then read the output from the new state: :math:`o = S_t^\top (s\, q)`, with
     ``s = scale`` (``None``: :math:`1/\sqrt{d}`). ``q``, ``k`` are ``(d,)``, ``v``
     ``(e,)``, ``beta`` and ``g`` 0-dim tensors; ``out`` is ``(e,)``.
@@ -328,8 +329,8 @@ def check_kda_step(fn) -> None:
                 _kda_decay_on_values,
             ),
             Mistake(
-                "decay first, then read: the correction uses (Diag(exp(g)) S)^T k, what "
-                "the decayed state returns for k",
+                "decay first, then read: the correction uses (Diag(exp(g)) S)^T k, "
+                "what the decayed state returns for k",
                 _kda_read_before_decay,
             ),
             Mistake(
@@ -418,8 +419,9 @@ def _titans_case(name, d, e, seed, *, theta=0.3, eta=0.8, alpha=0.1, zero=False)
 def check_titans_update(fn) -> None:
     r"""Check ``fn(weight, momentum, k, v, theta, eta, alpha) -> (weight, momentum)``.
 
-    One step of Titans' linear memory :math:`\mathcal M(x) = W x`, ``weight`` ``(e, d)``,
-    with the paper's equations: the loss :math:`\ell = \lVert W k - v \rVert^2` (no
+    One step of Titans' linear memory :math:`\mathcal M(x) = W x`, ``weight``
+    ``(e, d)``, with the paper's equations: the loss
+    :math:`\ell = \lVert W k - v \rVert^2` (no
     :math:`\tfrac12`), its gradient at the previous weights,
     :math:`\nabla_W \ell = 2 (W_{t-1} k - v) k^\top`; the momentum
     :math:`\Sigma_t = \eta\, \Sigma_{t-1} - \theta\, \nabla_W \ell`; the forgetting
@@ -474,8 +476,8 @@ def check_titans_update(fn) -> None:
                 _titans_gradient_ascent,
             ),
             Mistake(
-                "forget the old weights only: W_t = (1 - alpha) W_(t-1) + momentum, the "
-                "new momentum added in full",
+                "forget the old weights only: W_t = (1 - alpha) W_(t-1) + momentum, "
+                "the new momentum added in full",
                 _titans_forget_after,
             ),
             Mistake(

@@ -1785,8 +1785,9 @@ def qwen3_next_layer():
     and SiLU, unit queries and keys, the gated delta rule, a gated RMSNorm, the output
     projection. Bottom lane, what steers it: the step size :math:`\\beta`, the decay
     :math:`g` and the output gate :math:`z`, each a projection of the same input. The
-    sizes printed (``size:<name>``) are the shapes of :class:`~attention.GatedDeltaNet`'s
-    weights built at Qwen3-Next-80B-A3B's sizes (:func:`qwen3_next_sizes`).
+    sizes printed (``size:<name>``) are the shapes of
+    :class:`~attention.GatedDeltaNet`'s weights built at Qwen3-Next-80B-A3B's sizes
+    (:func:`qwen3_next_sizes`).
 
     Returns:
         The Figure.
