@@ -407,9 +407,15 @@ def interleaved_clocks(
     warmup: int = 2,
     repeat: int = MIN_REPEAT,
     device=None,
+    block: int = 1,
 ) -> tuple[dict, dict]:
     """Every timed sample on two clocks at once, run round-robin after ``warmup``
     rounds, under ``torch.inference_mode()``.
+
+    ``block > 1`` times each contender in its own loop: in every round a contender
+    makes one untimed call (its tensors come back into the processor's caches, which
+    the previous contender may have swept), then ``block`` timed calls in a row, each
+    one sample. The rounds still alternate, so a slow spell hits every contender.
 
     Returns ``(wall, cpu)``, each ``{name: [seconds, ...]}``: ``time.perf_counter`` and
     ``time.thread_time`` (with one thread, the CPU time of the one compute thread, which
@@ -429,23 +435,33 @@ def interleaved_clocks(
                 fn()
         for _ in range(repeat):
             for name, fn in fns.items():
-                if cuda:
-                    torch.cuda.synchronize(device)
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    c0 = time.thread_time()
-                    start.record()
-                    fn()
-                    end.record()
-                    end.synchronize()
-                    cpu[name].append(time.thread_time() - c0)
-                    wall[name].append(start.elapsed_time(end) / 1e3)  # ms -> s
-                    continue
-                t0, c0 = time.perf_counter(), time.thread_time()
-                fn()
-                cpu[name].append(time.thread_time() - c0)
-                wall[name].append(time.perf_counter() - t0)
+                if block > 1:
+                    fn()  # untimed: this contender's tensors back in the caches
+                for _ in range(block):
+                    _time_one(name, fn, wall, cpu, cuda, device)
     return wall, cpu
+
+
+def _time_one(name: str, fn, wall: dict, cpu: dict, cuda: bool, device) -> None:
+    """One timed call of ``fn``, appended to ``wall[name]`` and ``cpu[name]``."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize(device)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        c0 = time.thread_time()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        cpu[name].append(time.thread_time() - c0)
+        wall[name].append(start.elapsed_time(end) / 1e3)  # ms -> s
+        return
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    cpu[name].append(time.thread_time() - c0)
+    wall[name].append(time.perf_counter() - t0)
 
 
 def interleaved_samples(
@@ -507,6 +523,7 @@ def sweep(
     clocks: str = "wall",
     device=None,
     label: str = "n",
+    block: int = 1,
 ) -> dict:
     """Time several contenders at every point, interleaved, under the protocol.
 
@@ -520,6 +537,8 @@ def sweep(
     ``repeat``: timed repeats (default ``run.repeat``), or a function of the point.
     ``clocks``: ``"wall"``, or ``"wall+cpu"`` to save the thread's CPU time too.
     ``device``: a CUDA device is timed with CUDA events (:func:`interleaved_clocks`).
+    ``block``: timed calls in a row per contender and round, after one untimed call
+    (:func:`interleaved_clocks`); each call is one sample.
 
     Returns ``{"time_s": {name: [median per point]}, "time_s_q1": ..., "time_s_q3":
     ...}``, plus ``"cpu_s"``, ``"cpu_s_q1"``, ``"cpu_s_q3"`` with ``"wall+cpu"`` and
@@ -564,6 +583,7 @@ def sweep(
             warmup=warmup,
             repeat=n_repeat(point) if callable(n_repeat) else n_repeat,
             device=device,
+            block=block,
         )
         stats.append(
             {

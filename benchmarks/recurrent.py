@@ -18,16 +18,25 @@ before it:
 The package functions check their arguments on every call (shapes, ``beta`` in ``[0,
 1]``, ``g <= 0``), a fixed cost of some microseconds that a fused kernel would not pay;
 at short contexts it is a visible share of a step. The recurrent steps cost the same at
-every ``L``; they are timed at every ``L`` anyway, interleaved with the softmax step, so
-that each ratio compares calls made side by side. Each step is checked against its
+every ``L``; they are timed at every ``L`` anyway. Each step is checked against its
 sequence form before timing.
 
+**Each contender in its own loop.** A first version timed the four contenders call by
+call in turn. Between two calls of a recurrent step the softmax step swept its cache (up
+to 256 MiB) through the processor's caches and evicted the step's 128 KiB state, so the
+recurrent steps' times rose with ``L`` (52 to 271 microseconds) although their work does
+not. Now every round gives each contender a block of its own: one untimed call that
+brings its tensors back into the caches, then ``BLOCK`` timed calls in a row
+(``_common.interleaved_clocks(block=...)``). The rounds still alternate between the
+contenders, so a slow spell of the machine hits them all alike.
+
 Saved per contender and length: median, first and third quartile (``q1``, ``q3``) of the
-thread CPU time (``time.thread_time``: with one thread, the work done) and of the wall
-time; the bytes the contender holds between tokens (KV cache for ``L + 1`` tokens, or
-the state), computed from the tensor shapes; and the extra peak memory of one step
-measured by ``_common.peak_memory_mib`` in a fresh process. Also the KV-cache bytes per
-token and per layer, and the context length at which the cache outgrows each state.
+``repeat * BLOCK`` samples of the thread CPU time (``time.thread_time``: with one
+thread, the work done) and of the wall time; the bytes the contender holds between
+tokens (KV cache for ``L + 1`` tokens, or the state), computed from the tensor shapes;
+and the extra peak memory of one step measured by ``_common.peak_memory_mib`` in a fresh
+process. Also the KV-cache bytes per token and per layer, and the context length at
+which the cache outgrows each state.
 
 The 1-minute load average is recorded; when it exceeds the core count the results are
 not saved (timings on a busy machine measure the machine). ``--quick`` runs tiny sizes
@@ -64,6 +73,7 @@ ORDER = 100  # place in run_all.py's session
 HEADS, DIM = 8, 64
 CONTEXTS, QUICK_CONTEXTS = [256, 1024, 4096, 16384, 65536], [64, 256]
 WARMUP, REPEAT = 3, 15
+BLOCK = 5  # timed calls in a row per contender and round, after one untimed call
 NAMES = ("softmax_cache", "linear_step", "delta_step", "gated_delta_step")
 
 
@@ -217,6 +227,7 @@ def main() -> None:
         repeat=repeat,
         clocks="wall+cpu",
         label="L",
+        block=BLOCK,
     )
     kv_per_token = 2 * HEADS * DIM * 4
     state_bytes = {n: held_bytes(n, 0) for n in NAMES if n != "softmax_cache"}
@@ -229,6 +240,9 @@ def main() -> None:
         "mode": "one decode step, inference_mode",
         "warmup": warmup,
         "repeat": repeat,
+        "block": BLOCK,
+        "timing": "each contender in its own loop: per round, one untimed call, "
+        "then block timed calls in a row; rounds alternate",
         "omp_wait_policy": omp_wait_policy(),
     }
     clock = "cpu_s: time.thread_time of the one compute thread; wall_s: perf_counter"

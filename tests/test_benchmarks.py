@@ -124,6 +124,23 @@ def test_sweep_checks_before_timing_and_probes_only_named_functions():
         _common.sweep(_fake_run(), [3], makers, memory=True)
 
 
+def test_a_block_times_each_contender_in_its_own_loop():
+    calls: list[str] = []
+
+    def fn(name):
+        return lambda: calls.append(name)
+
+    fns = {"a": fn("a"), "b": fn("b")}
+    wall, cpu = _common.interleaved_clocks(fns, warmup=1, repeat=2, block=3)
+    assert {n: len(s) for n, s in wall.items()} == {"a": 6, "b": 6}
+    assert {n: len(s) for n, s in cpu.items()} == {"a": 6, "b": 6}
+    # warm-up round, then per round: one untimed call and three timed ones in a row
+    assert "".join(calls) == "ab" + "aaaabbbb" * 2
+    calls.clear()
+    _common.interleaved_clocks(fns, warmup=0, repeat=2)  # block=1: round-robin
+    assert "".join(calls) == "abab"
+
+
 def test_fit_slope_skips_missing_values_and_falls_back_to_every_size():
     ns = [256, 512, 1024, 2048, 4096]
     quadratic = [n**2 for n in ns]

@@ -327,3 +327,73 @@ def test_program_grid_shows_the_grid_and_the_causal_tiles_of_one_program():
     texts = by_gid(fig, Text)
     assert [texts[f"visit[{n}]"].get_text() for n in range(3)] == ["1", "2", "3"]
     assert "visit[3]" not in texts
+
+
+# --------------------------------------------------------------------------- chapter 12
+
+
+def test_gated_delta_update_prints_decay_correction_and_write_of_a_loop():
+    fig = efficient.gated_delta_update()
+    state, key, value, beta, alpha = efficient.gated_delta_example()
+    d, e = state.shape
+    # the step written out entry by entry: decay, read, correct, write
+    decayed = [[alpha * float(state[i, j]) for j in range(e)] for i in range(d)]
+    read = [sum(key[i] * decayed[i][j] for i in range(d)) for j in range(e)]
+    corrected = [
+        [decayed[i][j] - beta * float(key[i]) * float(read[j]) for j in range(e)]
+        for i in range(d)
+    ]
+    after = [
+        [corrected[i][j] + beta * float(key[i]) * float(value[j]) for j in range(e)]
+        for i in range(d)
+    ]
+    texts = by_gid(fig, Text)
+
+    def shown(gid, r, c):
+        return texts[f"{gid}[{r},{c}]"].get_text()
+
+    for name, grid in (
+        ("decayed", decayed),
+        ("corrected", corrected),
+        ("after", after),
+    ):
+        for i in range(d):
+            for j in range(e):
+                want = f"{grid[i][j]:.2f}".replace("-0.00", "0.00")
+                assert shown(name, i, j) == want, (name, i, j)
+    for j in range(e):
+        assert shown("read", 0, j) == f"{float(read[j]):.2f}"
+        assert shown("value", 0, j) == f"{float(value[j]):.2f}"
+    # the last state is the package's, within float64 rounding of the loop
+    stages = efficient.gated_delta_stages()
+    torch.testing.assert_close(
+        stages["after"], torch.tensor(after, dtype=torch.float64), rtol=0, atol=1e-12
+    )
+
+
+def test_channel_decay_shows_powers_of_each_channels_gate():
+    fig = efficient.channel_decay()
+    scalar, per_channel = efficient.channel_decay_example()
+    steps, d = scalar.shape
+    texts = by_gid(fig, Text)
+    for gid, log_decay in (("scalar", scalar), ("channel", per_channel)):
+        for i in range(d):
+            rate = math.exp(float(log_decay[0, i]))
+            for t in range(steps):
+                want = f"{rate ** (t + 1):.1f}"
+                assert texts[f"{gid}[{i},{t}]"].get_text() == want, (gid, i, t)
+    # one gate per step: every channel alike; one per channel: two speeds
+    kept = efficient.kept_per_channel(per_channel)
+    assert kept[:3, -1].min() > 0.8 > 0.01 > kept[3:, -1].max()
+    alike = efficient.kept_per_channel(scalar)
+    assert torch.equal(alike, alike[:1].expand_as(alike))
+
+
+def test_qwen3_next_layer_prints_the_layers_sizes_at_qwen3_next_scale():
+    fig = efficient.qwen3_next_layer()
+    texts = by_gid(fig, Text)
+    hidden, h, d, h_v, e = 2048, 16, 128, 32, 128  # Qwen3-Next-80B-A3B
+    assert texts["size:w_query.weight"].get_text() == f"W_Q: {hidden} → {h * d}"
+    assert texts["size:conv.weight"].get_text() == f"{2 * h * d + h_v * e} channels"
+    assert texts["size:log_decay_rate"].get_text() == f"{h_v} value heads"
+    assert texts["size:w_out.weight"].get_text() == f"W_O: {h_v * e} → {hidden}"

@@ -4,11 +4,13 @@ Each function returns a matplotlib Figure drawn with :mod:`._draw`; a chapter sh
 in a cell tagged ``diagram`` and ``remove-input``. Every mask, selection, state and
 number a diagram shows is computed by the package on a tiny seeded example (the causal
 mask, :func:`~attention.lightning_attention`, :func:`~attention.delta_rule_attention`,
-the pattern builders of :mod:`attention.efficient.patterns`,
-:func:`~attention.moba_attention`, :func:`~attention.native_sparse_attention`) or
-counted from the shapes of the products it draws, so the picture cannot drift from the
-mechanism it shows; each such cell or text carries a ``gid`` naming what it shows
-(``pairs[i,j]``, ``U[r,c]``, ``pattern:window[j]``, ``score[c]`` ...) for the tests.
+:func:`~attention.gated_delta_rule_attention`, :func:`~attention.kimi_delta_attention`,
+:class:`~attention.GatedDeltaNet`, the pattern builders of
+:mod:`attention.efficient.patterns`, :func:`~attention.moba_attention`,
+:func:`~attention.native_sparse_attention`) or counted from the shapes of the products
+it draws, so the picture cannot drift from the mechanism it shows; each such cell or
+text carries a ``gid`` naming what it shows (``pairs[i,j]``, ``U[r,c]``,
+``pattern:window[j]``, ``score[c]`` ...) for the tests.
 
 Shape legend: ``n`` positions, ``t`` the query followed, ``B`` a block size, ``w`` a
 window. Mask convention: boolean, **True = may attend**, as in
@@ -23,8 +25,13 @@ import torch
 from matplotlib.patches import Rectangle
 
 from ..._core import attention_scores, tril_mask
-from ...efficient.delta_rule import delta_rule_attention
+from ...efficient.delta_rule import (
+    delta_rule_attention,
+    gated_delta_rule_attention,
+    kimi_delta_attention,
+)
 from ...efficient.distributed import ring_schedule
+from ...efficient.gated_deltanet import GatedDeltaNet
 from ...efficient.learned_sparse import moba_attention, native_sparse_attention
 from ...efficient.linear import lightning_attention
 from ...efficient.patterns import (
@@ -42,6 +49,9 @@ __all__ = [
     "chunkwise_form",
     "memory_write_read",
     "chunkwise_delta",
+    "gated_delta_update",
+    "channel_decay",
+    "qwen3_next_layer",
     "keys_a_query_sees",
     "block_selection",
     "nsa_branches",
@@ -1499,5 +1509,343 @@ def program_grid():
         size=draw.SMALL,
         colour=draw.MUTED,
         ha="left",
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 12
+
+
+def gated_delta_example():
+    """The tiny seeded step of :func:`gated_delta_update`: ``(S, k, v, beta, alpha)``.
+
+    ``S`` ``(d, e) = (3, 2)`` is the state before the step, ``k`` a unit key ``(d,)``,
+    ``v`` a value ``(e,)``, ``beta`` the step size and ``alpha`` the decay (floats).
+    """
+    g = torch.Generator().manual_seed(12)
+    state = torch.randn(3, 2, generator=g, dtype=torch.float64)
+    key = torch.nn.functional.normalize(
+        torch.randn(3, generator=g, dtype=torch.float64), dim=0
+    )
+    value = torch.randn(2, generator=g, dtype=torch.float64)
+    return state, key, value, 0.8, 0.9
+
+
+def gated_delta_stages() -> dict[str, torch.Tensor]:
+    """The four states of :func:`gated_delta_update`, and the read and the correction.
+
+    ``before`` :math:`S_{t-1}`, ``decayed`` :math:`\\alpha S_{t-1}`, ``read``
+    :math:`(\\alpha S_{t-1})^\\top k`, ``corrected``
+    :math:`(I - \\beta k k^\\top)\\,\\alpha S_{t-1}`, ``after`` :math:`S_t`, the last
+    from :func:`~attention.gated_delta_rule_attention` (one token, ``initial_state``).
+    """
+    state, key, value, beta, alpha = gated_delta_example()
+    decayed = alpha * state
+    read = decayed.T @ key  # (e,): what the decayed memory returns for k
+    corrected = decayed - beta * torch.outer(key, read)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    _, after = gated_delta_rule_attention(
+        key[None, None],  # the query is not used for the state
+        key[None, None],
+        value[None, None],
+        beta * one,
+        math.log(alpha) * one,
+        initial_state=state[None],
+        output_final_state=True,
+    )
+    return {
+        "before": state,
+        "decayed": decayed,
+        "read": read,
+        "corrected": corrected,
+        "after": after[0],
+    }
+
+
+def gated_delta_update():
+    """One step of the gated delta rule as three moves: decay, correct, write.
+
+    A ``(3, 2)`` state :math:`S_{t-1}` is decayed by :math:`\\alpha`; the memory's
+    answer for the key, :math:`r = (\\alpha S_{t-1})^\\top k`, is read from the decayed
+    state, and a step :math:`\\beta` of it is taken out along :math:`k`; then
+    :math:`\\beta k v^\\top` is written. The numbers (``before``, ``decayed``,
+    ``corrected``, ``after``, ``key``, ``value``, ``read``) are computed; ``after`` is
+    :func:`~attention.gated_delta_rule_attention`'s state after the token.
+
+    Returns:
+        The Figure.
+    """
+    state, key, value, beta, alpha = gated_delta_example()
+    st = gated_delta_stages()
+    fig, ax = draw.canvas(7.3, 3.45, "One gated delta step: decay, correct, then write")
+    cell, mid = 0.4, 2.05
+    xs = (0.95, 2.85, 4.75, 6.55)
+    names = ("$S_{t-1}$", "$\\alpha\\, S_{t-1}$", "corrected", "$S_t$")
+    shapes = ("(d, e)", "every entry × α", "(I − β k kᵀ) α S", "+ β k vᵀ")
+    keys = ("before", "decayed", "corrected", "after")
+    grids = []
+    for x, name, shape, k in zip(xs, names, shapes, keys):
+        grids.append(
+            draw.matrix(
+                ax,
+                (x, mid),
+                3,
+                2,
+                cell=cell,
+                values=st[k],
+                name=name,
+                shape=shape,
+                gid=k,
+                name_size=12,
+                colour=draw.ROLE["weight"] if k == "after" else draw.ROLE["input"],
+            )
+        )
+    moves = (f"1. decay\nα = {alpha}", f"2. correct\nβ = {beta}", "3. write")
+    for a, b, text in zip(grids, grids[1:], moves):
+        draw.arrow(ax, a.east, b.west, text=text)
+    # the key, the value and the read, under the middle of the figure
+    y = 0.62
+    kb = draw.matrix(
+        ax,
+        (1.2, y),
+        1,
+        3,
+        cell=0.36,
+        values=key[None],
+        colour=draw.ROLE["key"],
+        gid="key",
+    )
+    draw.label(ax, (kb.left - 0.1, y), "k", ha="right", colour=draw.ROLE["key"])
+    vb = draw.matrix(
+        ax,
+        (3.0, y),
+        1,
+        2,
+        cell=0.36,
+        values=value[None],
+        colour=draw.ROLE["value"],
+        gid="value",
+    )
+    draw.label(ax, (vb.left - 0.1, y), "v", ha="right", colour=draw.ROLE["value"])
+    rb = draw.matrix(
+        ax,
+        (5.05, y),
+        1,
+        2,
+        cell=0.36,
+        values=st["read"][None],
+        colour=draw.ROLE["query"],
+        gid="read",
+    )
+    draw.label(
+        ax,
+        (rb.left - 0.1, y),
+        "read r = (αS)ᵀk",
+        ha="right",
+        colour=draw.ROLE["query"],
+    )
+    draw.label(
+        ax,
+        (rb.right + 0.12, y),
+        "replaced by v\nat step β",
+        ha="left",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def channel_decay_example():
+    """The log-decays of :func:`channel_decay`: ``(scalar, per_channel)``, ``(T, d)``.
+
+    Six key channels over eight steps. Gated DeltaNet's gate is one number per step,
+    the same for every channel (here :math:`\\alpha = 0.7`); KDA's is one per channel:
+    channels 0-2 keep almost everything (:math:`\\alpha = 0.98`), channels 3-5 forget
+    fast (:math:`\\alpha = 0.4`).
+    """
+    steps, d = 8, 6
+    scalar = torch.full((steps, d), math.log(0.7), dtype=torch.float64)
+    rates = torch.tensor([0.98] * 3 + [0.4] * 3, dtype=torch.float64)
+    per_channel = rates.log().expand(steps, d).clone()
+    return scalar, per_channel
+
+
+def kept_per_channel(log_decay: torch.Tensor) -> torch.Tensor:
+    """``(d, T)``: the share of a write at step 0 that key channel ``i`` still holds
+    after step ``t``, read from :func:`~attention.kimi_delta_attention`'s state with
+    nothing written (``beta = 0``) and an all-ones initial state."""
+    steps, d = log_decay.shape
+    kept = []
+    for t in range(1, steps + 1):
+        zeros = torch.zeros(1, 1, t, d, dtype=torch.float64)
+        _, state = kimi_delta_attention(
+            zeros,
+            zeros,
+            torch.zeros(1, 1, t, 1, dtype=torch.float64),
+            log_decay[None, None, :t],
+            torch.zeros(1, 1, t, dtype=torch.float64),
+            initial_state=torch.ones(1, 1, d, 1, dtype=torch.float64),
+            output_final_state=True,
+        )
+        kept.append(state[0, 0, :, 0])
+    return torch.stack(kept, dim=1)
+
+
+def channel_decay():
+    """What each key channel of the state keeps over time: one gate, or one per channel.
+
+    Each cell is the share of a write at step 0 that row ``i`` of the state (key
+    channel ``i``) still holds after step ``t`` (``scalar[r,c]``, ``channel[r,c]``),
+    computed by :func:`kept_per_channel`. Left, gated DeltaNet's one gate per step:
+    every row fades alike. Right, KDA's gate per channel: three rows keep their
+    content, three forget within a few steps.
+
+    Returns:
+        The Figure.
+    """
+    scalar, per_channel = channel_decay_example()
+    left, right = kept_per_channel(scalar), kept_per_channel(per_channel)
+    steps, d = scalar.shape
+    fig, ax = draw.canvas(
+        7.3, 3.45, "How much of a write each key channel keeps, step by step"
+    )
+    cell, mid = 0.3, 1.65
+    rows = [f"channel {i}" for i in range(d)]
+    cols = [str(t) for t in range(1, steps + 1)]
+    a = draw.heatmap(
+        ax,
+        (2.05, mid),
+        left,
+        cell=cell,
+        colorbar=None,
+        fmt="{:.1f}",
+        size=8,
+        row_labels=rows,
+        col_labels=cols,
+        name="one gate per step (gated DeltaNet)",
+        shape="α = 0.7 for every channel",
+        gid="scalar",
+    )
+    b = draw.heatmap(
+        ax,
+        (5.35, mid),
+        right,
+        cell=cell,
+        colorbar="share kept",
+        fmt="{:.1f}",
+        size=8,
+        col_labels=cols,
+        name="one gate per channel (KDA)",
+        shape="α = 0.98 for channels 0-2, 0.4 for 3-5",
+        gid="channel",
+    )
+    draw.label(
+        ax,
+        ((a.left + b.right) / 2, a.bottom - 0.42),
+        "columns: steps t after the write",
+        size=draw.SMALL,
+        colour=draw.MUTED,
+    )
+    return fig
+
+
+def qwen3_next_sizes() -> dict[str, tuple[int, ...]]:
+    """The weight shapes of :class:`~attention.GatedDeltaNet` at Qwen3-Next-80B-A3B's
+    published sizes (hidden 2048; 16 query/key heads of 128; 32 value heads of 128;
+    convolution width 4), built in bfloat16 (about 67 MB, freed on return; the ``meta``
+    device would allocate nothing but takes seconds to load on first use)."""
+    layer = GatedDeltaNet(
+        2048,
+        16,
+        128,
+        num_value_heads=32,
+        value_head_dim=128,
+        conv_size=4,
+        dtype=torch.bfloat16,
+    )
+    return {
+        name: tuple(p.shape)
+        for name, p in layer.named_parameters()
+        if name
+        in (
+            "w_query.weight",
+            "w_value.weight",
+            "w_beta.weight",
+            "conv.weight",
+            "log_decay_rate",
+            "w_out.weight",
+        )
+    }
+
+
+def qwen3_next_layer():
+    """Qwen3-Next's Gated DeltaNet layer as a data flow, in the order of its code.
+
+    Top lane, the memory's inputs and output: projections, short causal convolution
+    and SiLU, unit queries and keys, the gated delta rule, a gated RMSNorm, the output
+    projection. Bottom lane, what steers it: the step size :math:`\\beta`, the decay
+    :math:`g` and the output gate :math:`z`, each a projection of the same input. The
+    sizes printed (``size:<name>``) are the shapes of
+    :class:`~attention.GatedDeltaNet`'s weights built at Qwen3-Next-80B-A3B's sizes
+    (:func:`qwen3_next_sizes`).
+
+    Returns:
+        The Figure.
+    """
+    sizes = qwen3_next_sizes()
+    fig, ax = draw.canvas(7.3, 3.6, "Qwen3-Next's Gated DeltaNet layer, step by step")
+    top, low, bus = 2.45, 1.3, 0.62
+    h = 0.62
+
+    def step(x, y, text, width, colour=draw.INK):
+        return draw.box(ax, (x, y), text, width=width, height=h, colour=colour, size=9)
+
+    x_in = draw.box(ax, (0.42, top), "x", width=0.42, height=0.42)
+    proj = step(1.45, top, "1. project\nq, k, v", 1.0)
+    conv = step(2.7, top, "2. causal conv\nwidth 4, SiLU", 1.15)
+    norm = step(3.95, top, "3. L2-normalise\nq and k", 1.17)
+    rule = step(5.05, top, "5. gated\ndelta rule", 0.9, draw.ROLE["weight"])
+    gate = step(6.35, top, "6. RMSNorm\n× SiLU(z), W_O", 1.15)
+    beta = step(3.0, low, "4. β = σ(W_β x)", 1.35)
+    decay = step(5.05, low, "4. g = −e^A_log ×\nsoftplus(W_Δ x + b)", 1.85)
+    zbox = step(6.7, low, "z = W_Z x", 0.9)
+    draw.arrow(ax, x_in.east, proj.west)
+    for a, b in ((proj, conv), (conv, norm), (norm, rule), (rule, gate)):
+        draw.arrow(ax, a.east, b.west)
+    draw.arrow(ax, beta.north, (rule.left + 0.1, rule.bottom))
+    draw.arrow(ax, decay.north, rule.south)
+    draw.arrow(ax, zbox.north, (gate.right - 0.3, gate.bottom))
+    # x also feeds the three projections of the lower lane
+    ax.plot(
+        [x_in.centre[0], x_in.centre[0], zbox.centre[0]],
+        [x_in.bottom, bus, bus],
+        color=draw.INK,
+        lw=1.4,
+        solid_capstyle="round",
+    )
+    for box in (beta, decay, zbox):
+        draw.arrow(ax, (box.centre[0], bus), box.south)
+    notes = (
+        (proj, "w_query.weight", "W_Q: {1} → {0}"),
+        (conv, "conv.weight", "{0} channels"),
+        (rule, "log_decay_rate", "{0} value heads"),
+        (gate, "w_out.weight", "W_O: {1} → {0}"),
+    )
+    for box, name, fmt in notes:
+        text = draw.label(
+            ax,
+            (box.centre[0], box.top + 0.08),
+            fmt.format(*sizes[name]),
+            size=draw.SMALL,
+            colour=draw.MUTED,
+            va="bottom",
+        )
+        text.set_gid(f"size:{name}")
+    draw.label(
+        ax,
+        (1.45, (low + bus) / 2 + 0.05),
+        "one β and one g\nper value head\nand token",
+        size=draw.SMALL,
+        colour=draw.MUTED,
     )
     return fig
