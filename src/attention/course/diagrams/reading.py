@@ -546,12 +546,12 @@ def differential_maps():
         draw.label(ax, (bounds.left - 0.12, y), name, size=draw.SMALL, ha="right")
         grids.append(bounds)
     cax = ax.inset_axes(
-        [
+        (
             grids[0].right + 0.14,
             grids[-1].bottom,
             0.1,
             grids[0].top - grids[-1].bottom,
-        ],
+        ),
         transform=ax.transData,
     )
     bar = fig.colorbar(
