@@ -46,10 +46,6 @@ CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 #: new numbering's, whichever exist; a name that does not exist is ignored).
 NOT_YET_CONVERTED = {
     "12_sparse_attention",
-    "18_reading_attention",
-    "19_beyond_softmax",
-    "19_reading_attention",
-    "20_beyond_softmax",
 }
 
 MEAN_WORDS = 22  # the most words per sentence on average, per chapter

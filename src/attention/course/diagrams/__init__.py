@@ -14,11 +14,12 @@ below 8 pt, and its numbers and shapes computed by the package itself.
 """
 
 # ruff: noqa: F403  (each part's module lists its diagrams in its __all__)
-from . import efficient, foundations, layers, practice
+from . import efficient, foundations, layers, practice, reading
 from .efficient import *  # chapters 10-16
 from .foundations import *  # chapters 1-4
 from .layers import *  # chapters 5-9
 from .practice import *  # chapters 17-18
+from .reading import *  # chapters 19-20
 
 # every diagram of every part, for tests/test_diagrams.py and the chapters; a part's
 # module adds its two lines above and its `__all__ +=` line here (a form pyright reads)
@@ -27,3 +28,4 @@ __all__ += foundations.__all__
 __all__ += layers.__all__
 __all__ += efficient.__all__
 __all__ += practice.__all__
+__all__ += reading.__all__
