@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_execute:
             execute(nb, path, args.timeout)
         removed = coalesce_notebook(nb)
+        for cell in nb.cells:  # timestamps an earlier run (or an editor) stored
+            cell.metadata.pop("execution", None)
         nbformat.write(nb, path)
         done = "stored" if args.no_execute else "executed and stored"
         print(f"{path}: {done}, {removed} stream outputs merged or emptied")
