@@ -1,6 +1,6 @@
 """The chapter conventions (CONVENTIONS.md), counted over the stored chapters.
 
-Every chapter that is not in ``NOT_YET_CONVERTED`` must have:
+Every chapter must have:
 
 - a first markdown cell titled ``# N. Title`` holding an ``In this chapter`` admonition
   (``:class: tip``) with 3 to 5 bullets;
@@ -13,10 +13,6 @@ Every chapter that is not in ``NOT_YET_CONVERTED`` must have:
   ``plt.show()``;
 - alt text (``metadata.mystnb.image.alt``, a sentence) on every cell with an image;
 - prose of short sentences: a mean of at most 22 words and none over 45.
-
-Chapters are converted one at a time: a chapter leaves ``NOT_YET_CONVERTED`` when it
-follows the conventions, and from then on these tests hold it to them. Names in the set
-that do not exist (yet, or any more) are ignored.
 
 The sentence statistics also run as a report, for rewriting:
 
@@ -41,12 +37,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
-
-#: Chapters the structural rules skip until they are converted (the old names and the
-#: new numbering's, whichever exist; a name that does not exist is ignored).
-NOT_YET_CONVERTED = {
-    "12_sparse_attention",
-}
 
 MEAN_WORDS = 22  # the most words per sentence on average, per chapter
 MAX_WORDS = 45  # the most words in any one sentence
@@ -478,9 +468,7 @@ def rule_sentences(nb: dict, name: str = "chapter") -> list[str]:
 
 
 def converted(path: Path) -> dict:
-    """The chapter's notebook, or a skip while it is not yet converted."""
-    if path.stem in NOT_YET_CONVERTED:
-        pytest.skip(f"{path.stem} is not yet converted (NOT_YET_CONVERTED)")
+    """The chapter's notebook (every chapter is held to the conventions)."""
     return load(path)
 
 
@@ -520,11 +508,6 @@ def test_every_figure_has_alt_text(path):
 @pytest.mark.parametrize("path", CHAPTERS, ids=_ids)
 def test_short_sentences(path):
     _fail(path, rule_sentences(converted(path), path.stem))
-
-
-def test_the_not_yet_converted_names_are_chapter_names():
-    for name in NOT_YET_CONVERTED:
-        assert re.fullmatch(r"\d\d_[a-z_]+", name), name
 
 
 # ------------------------------------------------------------------- the rules can fail
