@@ -7,9 +7,7 @@ browser. Those about behaviour and layout (the sidebar buttons, the start button
 screens, long formulas on a phone, dark mode, the favicon, opening a figure) drive
 headless Chromium at a phone's 400 px and a desktop's 1,400 px.
 
-Some checks fail on chapters that are being rewritten; they are marked
-xfail(strict=True) with the condition that removes the mark, so a fixed page fails
-loudly until it is.
+Every check holds for every page: none is expected to fail.
 """
 
 from __future__ import annotations
@@ -42,16 +40,6 @@ def topic(path: Path) -> str:
     return path.stem.split("_", 1)[-1]
 
 
-def known(paths, failing: set[str], reason: str):
-    """Parameters for ``paths``, the pages whose topic is in ``failing`` marked
-    xfail."""
-    mark = pytest.mark.xfail(strict=True, reason=reason)
-    return [
-        pytest.param(p, id=page_id(p), marks=[mark] if topic(p) in failing else [])
-        for p in paths
-    ]
-
-
 @functools.cache
 def soup(path: Path):
     """The parsed page (parsed once per session: every check here only reads it)."""
@@ -77,12 +65,7 @@ def columns(line: str) -> int:
 # --- Outputs: one stream block per cell -----------------------------------------------
 # Cells that print a line beside their progress bar (stdout and stderr blocks); the
 # chapters move the printed result to the next cell (CONVENTIONS, "Progress bars").
-TWO_STREAMS = {"cross_attention", "scoring_alignment"}
-
-
-@pytest.mark.parametrize(
-    "path", known(CHAPTER_PAGES, TWO_STREAMS, "chapter prints beside its progress bar")
-)
+@pytest.mark.parametrize("path", CHAPTER_PAGES, ids=page_id)
 def test_no_cell_shows_more_than_one_stream_block(path):
     crowded = []
     for n, out in enumerate(soup(path).select("div.cell_output")):
@@ -104,7 +87,6 @@ def wide_lines(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="chapters not yet formatted to 88 columns")
 def test_every_code_and_output_line_fits_88_columns():
     found = [line for path in CHAPTER_PAGES for line in wide_lines(path)]
     assert CHAPTER_PAGES and found == [], f"{len(found)} lines too wide:\n" + "\n".join(
@@ -187,10 +169,9 @@ def test_chapter_16_shows_its_kernels_as_numbered_emphasised_listings():
 MATH_CLASSES = {"math", "tex2jax_process", "mathjax_process", "output_area"}
 NOT_PROSE = {"script", "style", "pre", "code", "kbd", "samp", "textarea", "svg"}
 RAW_MATH = re.compile(r"\$|\\\(|\\\[")
+
+
 # 06: an inline formula broken across lines in "What the cache saves per step"
-RAW_MATH_PAGES = {"multi_head"}
-
-
 def raw_math(doc) -> list[str]:
     """Text a reader sees with a ``$``, ``\\(`` or ``\\[`` outside typeset math."""
     from bs4 import Comment
@@ -212,9 +193,7 @@ def raw_math(doc) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(
-    "path", known(PAGES, RAW_MATH_PAGES, "raw math in the chapter")
-)
+@pytest.mark.parametrize("path", PAGES, ids=page_id)
 def test_no_page_shows_raw_math(path):
     found = raw_math(soup(path))
     assert found == [], f"{page_id(path)}: raw math: {found}"
@@ -260,11 +239,6 @@ def test_the_pages_outside_the_chapters_give_every_image_alt_text():
     assert BOOK_PAGES and bad == [], "\n".join(bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="chapter figures get their alt texts "
-    "(mystnb image alt metadata) in the chapter rewrite",
-)
 def test_every_chapter_figure_has_alt_text_that_says_what_it_shows():
     bad = [b for path in CHAPTER_PAGES for b in bad_alt_texts(path)]
     assert CHAPTER_PAGES and bad == [], f"{len(bad)} images:\n" + "\n".join(bad[:30])
