@@ -8,8 +8,6 @@ text artists (by their ``gid``) and compared with an independent computation.
 
 from __future__ import annotations
 
-import functools
-
 import io
 import math
 import re
@@ -71,15 +69,9 @@ def rendered_png_width(fig) -> int:
 DATA = {"alignment_vectors"}
 
 
-@functools.cache
-def _built(name: str):
-    """Each diagram built once for the four checks below (they only read it)."""
-    return getattr(diagrams, name)()
-
-
 @pytest.fixture(params=[name for name in diagrams.__all__ if name not in DATA])
 def figure(request):
-    return _built(request.param)
+    return getattr(diagrams, request.param)()
 
 
 def test_every_diagram_builds_a_titled_figure(figure):
