@@ -8,9 +8,9 @@ elapsed() { echo "($1 took $(( $(date +%s) - $2 )) s)"; }
 
 # The chapters the second PyTorch re-executes (all of them would not fit CI's 20 minutes
 # once the course has 20 chapters): numerics (2), PyTorch's nn.MultiheadAttention and SDPA
-# (6), torch.distributed and autograd (15), Triton's interpreter (16), Hugging Face's
-# model (17), FlexAttention and the KV caches (18). The README lists the same ones (tests/test_reader_launch.py checks it).
-TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/15_distributed.ipynb chapters/16_triton_flash.ipynb chapters/17_pretrained_model.ipynb chapters/18_llm_inference.ipynb"
+# (6), Hugging Face's model (17), FlexAttention and the KV caches (18). The README lists
+# the same ones (tests/test_reader_launch.py checks it).
+TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/17_pretrained_model.ipynb chapters/18_llm_inference.ipynb"
 
 # The Python files ruff holds to its rules and its format (the Makefile's PY_FILES).
 PY_FILES="src tests benchmarks scripts typings"
@@ -54,21 +54,15 @@ start=$(date +%s)
 bash scripts/nbval_numerics.sh other -n 2 --dist loadfile chapters
 elapsed "nbval on other numerics" "$start"
 
-echo "== 6. the second PyTorch: the unit and property tests not marked slow, docstring"
-echo "      examples, and chapters $TORCH_NEXT_CHAPTERS"
+echo "== 6. the second PyTorch: the kernel contract, SDPA, softmax, mask and multi-head"
+echo "      tests not marked slow, and chapters $TORCH_NEXT_CHAPTERS"
 start=$(date +%s)
-# The slow tests (figures drawn, process launches, the larger gradchecks, the Triton
-# interpreter, FlexAttention) and the tests that read stored files rather than run
-# PyTorch (chapters' structure and text, the workbook, the interview page, the rules
-# over the package's source) are left to step 4; the benchmark scripts' smoke runs too:
-# their results are measured with the first PyTorch.
+# The PyTorch APIs whose behaviour a release may change: torch's fused SDPA and
+# nn.MultiheadAttention against the package, softmax numerics, FlexAttention and the KV
+# caches (chapter 18), Hugging Face's model (chapter 17). The rest of the tests run in
+# step 4; step 4's launch tests also install a chapter beside this PyTorch.
 # shellcheck disable=SC2086
-$NEXT/python -m pytest --nbval -n 2 --dist loadfile tests src/attention $TORCH_NEXT_CHAPTERS \
-  -m "not slow" \
-  --ignore=tests/browser --ignore=tests/test_reader_launch.py \
-  --ignore=tests/test_benchmarks.py --ignore=tests/test_chapter_structure.py \
-  --ignore=tests/test_stored_chapters.py --ignore=tests/test_notebooks.py \
-  --ignore=tests/test_workbook.py --ignore=tests/test_interview.py \
-  --ignore=tests/test_chapter_listings.py --ignore=tests/test_references.py \
-  --ignore=tests/test_rules.py --ignore=tests/test_private_names.py
+$NEXT/python -m pytest --nbval -n 2 --dist loadfile -m "not slow" \
+  tests/test_contract.py tests/test_scaled_dot_product.py tests/test_multihead.py \
+  tests/test_softmax.py tests/test_masks.py $TORCH_NEXT_CHAPTERS
 elapsed "pytest --nbval under the second PyTorch" "$start"

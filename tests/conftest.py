@@ -51,3 +51,14 @@ def qkv(
     k = size * torch.randn(*batch, *heads_kv, j, d, generator=g, dtype=dtype)
     v = torch.randn(*batch, *heads_kv, j, e, generator=g, dtype=dtype)
     return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+#: Test files that take longest (process launches and installs, benchmark scripts,
+#: Chromium), handed out first under `pytest -n 2 --dist loadfile` so that they overlap
+#: with the rest instead of leaving one worker idle at the end. Only the order changes.
+LONGEST_FIRST = ("test_reader_launch.py", "test_benchmarks.py", "test_distributed.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
