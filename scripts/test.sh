@@ -15,6 +15,13 @@ TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chap
 # The Python files ruff holds to its rules and its format (the Makefile's PY_FILES).
 PY_FILES="src tests benchmarks scripts typings"
 
+# The second environment (step 3) is made in the background while steps 1 and 2 run:
+# pip's downloads and installs overlap with the linters and the book build.
+next_dir=$(mktemp -d)
+bash scripts/torch_next_env.sh > "$next_dir/path" 2> "$next_dir/log" &
+next_pid=$!
+next_start=$(date +%s)
+
 echo "== 1. lint and types: ruff check, ruff format --check, pyright (basic) over src"
 # shellcheck disable=SC2086
 $BIN/ruff check $PY_FILES
@@ -28,9 +35,15 @@ $BIN/jupyter-book build . --all -W -n --keep-going
 elapsed "book build" "$start"
 
 echo "== 3. a second environment with the newer PyTorch of requirements/ci-lock-torch-next.txt"
-echo "      (created once, reused while the lock and pyproject.toml are unchanged)"
-start=$(date +%s)
-COURSE_TORCH_NEXT_VENV=$(bash scripts/torch_next_env.sh)
+echo "      (created once, reused while the lock and pyproject.toml are unchanged; made in"
+echo "      the background since step 1)"
+if ! wait "$next_pid"; then
+  cat "$next_dir/log" >&2
+  echo "the second environment could not be made (scripts/torch_next_env.sh)" >&2
+  exit 1
+fi
+start=$next_start
+COURSE_TORCH_NEXT_VENV=$(cat "$next_dir/path")
 export COURSE_TORCH_NEXT_VENV COURSE_REQUIRE_TORCH_NEXT=1
 NEXT=$COURSE_TORCH_NEXT_VENV/bin
 $NEXT/python -c 'import torch; print("torch", torch.__version__, "in", torch.__file__)'
