@@ -757,41 +757,22 @@ def dot_product_variance():
     )
     cell, x = 0.4, 2.6
     rows = (2.7, 2.1, 1.35)
-    qb = draw.matrix(
-        ax,
-        (x, rows[0]),
-        1,
-        d,
-        cell=cell,
-        values=q,
-        fmt="{:.1f}",
-        gid="q",
-        colour=draw.ROLE["query"],
-        size=8.5,
-    )
-    kb = draw.matrix(
-        ax,
-        (x, rows[1]),
-        1,
-        d,
-        cell=cell,
-        values=k,
-        fmt="{:.1f}",
-        gid="k",
-        colour=draw.ROLE["key"],
-        size=8.5,
-    )
-    pb = draw.matrix(
-        ax,
-        (x, rows[2]),
-        1,
-        d,
-        cell=cell,
-        values=products,
-        fmt="{:.1f}",
-        gid="qk",
-        colour=draw.ROLE["weight"],
-        size=8.5,
+    qb, kb, pb = (
+        draw.matrix(
+            ax,
+            (x, y),
+            1,
+            d,
+            cell=cell,
+            values=values,
+            fmt="{:.1f}",
+            gid=gid,
+            colour=draw.ROLE[role],
+            size=8.5,
+        )
+        for y, values, gid, role in zip(
+            rows, (q, k, products), ("q", "k", "qk"), ("query", "key", "weight")
+        )
     )
     for b, text, role in (
         (qb, "q", "query"),
