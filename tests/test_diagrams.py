@@ -79,6 +79,7 @@ def test_every_diagram_builds_a_titled_figure(figure):
     assert figure.get_suptitle().strip()
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_every_diagram_fits_the_column(figure):
     assert figure.get_size_inches()[0] <= 7.5
     assert rendered_png_width(figure) <= COLUMN_CSS_PX
@@ -92,6 +93,7 @@ def test_no_text_is_smaller_than_8_points(figure):
         assert size >= 8, f"{t.get_text()!r} is drawn at {size:.1f} pt"
 
 
+@pytest.mark.slow  # renders figures: make test, not make check
 def test_every_text_lies_inside_the_card(figure):
     figure.canvas.draw()  # lays out the colour bars' labels
     renderer = figure.canvas.get_renderer()

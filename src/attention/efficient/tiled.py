@@ -1,24 +1,26 @@
-r"""Memory-efficient exact attention: the online softmax and tiled attention (chapters 14, 15).
+r"""Exact attention in memory linear in the sequence: online softmax, tiled attention.
 
-Shape legend: ``b`` batch (any number of leading dims), ``h`` heads (``h_kv`` key/value
-heads), ``i`` query positions, ``j`` key positions, ``d`` query/key size, ``e`` value size,
-``n`` any softmax axis.
+Chapter 14 builds the forward pass, chapter 15 the backward.
 
-The online softmax :cite:`milakov2018online` keeps a running maximum ``m`` and a running
-sum ``l`` of :math:`e^{x - m}`; when a new element (or block) raises the maximum, the old
-sum is rescaled:
+Shape legend: ``b`` batch (any number of leading dims), ``h`` heads (``h_kv``
+key/value heads), ``i`` query positions, ``j`` key positions, ``d`` query/key size,
+``e`` value size, ``n`` any softmax axis.
+
+The online softmax :cite:`milakov2018online` keeps a running maximum ``m`` and a
+running sum ``l`` of :math:`e^{x - m}`; when a new element (or block) raises the
+maximum, the old sum is rescaled:
 
 .. math::
 
     m_\text{new} = \max(m, x), \qquad
     l_\text{new} = l\, e^{m - m_\text{new}} + e^{x - m_\text{new}}.
 
-Attention applies the same recurrence to a running output as well, one key/value block
-at a time :cite:`rabe2021self,dao2022flashattention`, so the ``(i, j)`` score matrix is
-never built: only ``(i, block)`` tiles are (chapter 14). The backward pass recomputes the
-tiles from the saved per-row log-sum-exp instead of storing them, as FlashAttention-2
-does :cite:`dao2023flashattention2`, so training memory is linear in the sequence too
-(chapter 15).
+Attention applies the same recurrence to a running output as well, one key/value
+block at a time :cite:`rabe2021self,dao2022flashattention`, so the ``(i, j)`` score
+matrix is never built: only ``(i, block)`` tiles are (chapter 14). The backward pass
+recomputes the tiles from the saved per-row log-sum-exp instead of storing them, as
+FlashAttention-2 does :cite:`dao2023flashattention2`, so training memory is linear in
+the sequence too (chapter 15).
 
 Mask convention: boolean, **True = may attend**, broadcastable to ``(..., i, j)``, as in
 ``torch.nn.functional.scaled_dot_product_attention``; a float mask is *added* to the
@@ -53,7 +55,9 @@ SKIPPED, UNMASKED, MASKED = 0, 1, 2
 
 
 def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
-    r"""Softmax along ``dim`` with the one-pass online normaliser :cite:`milakov2018online`.
+    r"""Softmax along ``dim`` with the one-pass online normaliser.
+
+    The normaliser is Milakov and Gimelshein's :cite:`milakov2018online`.
 
     One pass over the row computes the maximum and the normaliser together, element by
     element (``block_size=1``) or a block at a time:
@@ -63,8 +67,8 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
         m_k = \max(m_{k-1}, x_k), \qquad
         l_k = l_{k-1}\, e^{m_{k-1} - m_k} + e^{x_k - m_k},
 
-    starting from :math:`m_0 = -\infty, l_0 = 0`. Then :math:`\operatorname{softmax}(x)_k
-    = e^{x_k - m} / l`. The first two passes of
+    starting from :math:`m_0 = -\infty, l_0 = 0`. Then
+    :math:`\operatorname{softmax}(x)_k = e^{x_k - m} / l`. The first two passes of
     :func:`~attention.foundations.softmax.three_pass_softmax` (the maximum, then the
     sum) become one; the loop is explicit so the recurrence is visible.
 
@@ -75,9 +79,9 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
             than the axis reads it whole).
 
     Returns:
-        A tensor of the shape of ``x``, equal to :func:`~attention.foundations.softmax` (a row that is
-        entirely ``-inf`` gives NaN, as there; a NaN or ``+inf`` makes its row NaN, as in
-        ``torch.softmax``).
+        A tensor of the shape of ``x``, equal to
+        :func:`~attention.foundations.softmax` (a row that is entirely ``-inf`` gives
+        NaN, as there; a NaN or ``+inf`` makes its row NaN, as in ``torch.softmax``).
 
     Example:
         >>> x = torch.tensor([1.0, 3.0, 2.0])
@@ -102,7 +106,7 @@ def online_softmax(x: Tensor, dim: int = -1, *, block_size: int = 1) -> Tensor:
     return out.movedim(-1, dim)
 
 
-# ----------------------------------------------------------------------------- public function
+# ---------------------------------------------------------------------- public function
 
 
 def _validate(
@@ -125,11 +129,13 @@ def tiled_attention(
     block_size: int = 128,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    r"""Exact softmax attention, one key/value block at a time (the FlashAttention recurrence).
+    r"""Exact softmax attention, one key/value block at a time.
+
+    This is the FlashAttention recurrence.
 
     **Forward.** For each block of ``block_size`` keys, with scores
-    :math:`S = Q K_\text{blk}^\top s` (an ``(i, block)`` tile), the running row max ``m``,
-    row sum ``l`` and unnormalised output ``acc`` are updated
+    :math:`S = Q K_\text{blk}^\top s` (an ``(i, block)`` tile), the running row max
+    ``m``, row sum ``l`` and unnormalised output ``acc`` are updated
     :cite:`milakov2018online,rabe2021self,dao2022flashattention`:
 
     .. math::
@@ -142,9 +148,9 @@ def tiled_attention(
     ``(i, j)`` matrix is never built. With ``is_causal`` a key block starting at ``j0``
     only meets the queries ``q >= j0``, which skips the upper triangle.
 
-    **Backward** (FlashAttention-2 :cite:`dao2023flashattention2`). Only q, k, v, the output
-    and the log-sum-exp are saved (and the mask, when one is given). Each tile's weights
-    are rebuilt as :math:`P = e^{S - \text{lse}}`, and with
+    **Backward** (FlashAttention-2 :cite:`dao2023flashattention2`). Only q, k, v, the
+    output and the log-sum-exp are saved (and the mask, when one is given). Each tile's
+    weights are rebuilt as :math:`P = e^{S - \text{lse}}`, and with
     :math:`D = \operatorname{rowsum}(dO \circ O)`:
 
     .. math::
@@ -154,9 +160,9 @@ def tiled_attention(
         dK_\text{blk} = dS^\top Q\, s.
 
     A gradient flowing into the returned log-sum-exp adds :math:`P \circ d\text{lse}` to
-    :math:`dS`. So memory is :math:`O(i \cdot \text{block} + (i + j)(d + e))` in both passes
-    instead of :math:`O(i \cdot j)`. The backward is not itself differentiable (no
-    second derivatives).
+    :math:`dS`. So memory is :math:`O(i \cdot \text{block} + (i + j)(d + e))` in both
+    passes instead of :math:`O(i \cdot j)`. The backward is not itself differentiable
+    (no second derivatives).
 
     Args:
         query: ``(..., h, i, d)`` (any leading dims, at least ``(i, d)``).
@@ -168,18 +174,20 @@ def tiled_attention(
         is_causal: top-left causal mask (query ``q`` sees keys ``k <= q``); not together
             with ``attn_mask``.
         scale: multiplies the scores; default :math:`1/\sqrt{d}`.
-        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``; key/value head
-            ``g`` serves query heads ``g*r ... g*r + r - 1`` with ``r = h / h_kv`` (no copy
-            of the keys is made).
-        block_size: keys per block (``>= 1``; a block larger than ``j`` is clamped to it).
+        enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``; key/value
+            head ``g`` serves query heads ``g*r ... g*r + r - 1`` with ``r = h / h_kv``
+            (no copy of the keys is made).
+        block_size: keys per block (``>= 1``; a block larger than ``j`` is clamped to
+            it).
         return_lse: also return the log-sum-exp of each row's scaled, masked scores.
 
     Returns:
-        ``(..., h, i, e)``, equal to ``torch.nn.functional.scaled_dot_product_attention``:
-        a query with no visible key (or ``j = 0``) gets a zero output and a zero gradient;
-        NaN in a visible input, in a float mask or in ``scale`` propagates as in torch, and
-        so does a NaN or ``+inf`` score against a masked (or causally hidden) key: its row
-        is NaN, as in torch and :func:`~attention.scaled_dot_product_attention`.
+        ``(..., h, i, e)``, equal to
+        ``torch.nn.functional.scaled_dot_product_attention``: a query with no visible
+        key (or ``j = 0``) gets a zero output and a zero gradient; NaN in a visible
+        input, in a float mask or in ``scale`` propagates as in torch, and so does a NaN
+        or ``+inf`` score against a masked (or causally hidden) key: its row is NaN, as
+        in torch and :func:`~attention.scaled_dot_product_attention`.
         With ``return_lse`` always the pair ``(output, lse)``, ``lse`` of shape
         ``(..., h, i)`` (``-inf`` for a query with no visible key), differentiable too.
 

@@ -1,16 +1,18 @@
 r"""FlashAttention-2 as a Triton kernel, forward and backward (chapter 16).
 
-Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions, ``d``
-query/key/value size.
+Shape legend: ``b`` batch, ``h`` heads, ``i`` query positions, ``j`` key positions,
+``d`` query/key/value size.
 
-This module needs the optional dependency Triton (``pip install 'attention-course[triton]'``);
-the rest of the package never imports it. It is the algorithm of :func:`attention.tiled_attention`
-(chapters 14 and 15) written the way a GPU runs it :cite:`dao2023flashattention2`:
+This module needs the optional dependency Triton (``pip install
+'attention-course[triton]'``); the rest of the package never imports it. It is the
+algorithm of :func:`attention.tiled_attention` (chapters 14 and 15) written the way a
+GPU runs it :cite:`dao2023flashattention2`:
 
-* the **forward** kernel is launched on a grid of ``(query blocks, b·h)`` programs; each
-  program keeps one block of queries, its running maximum ``m``, running sum ``l`` and an
-  unnormalised accumulator in registers, and streams the key/value blocks past them (the
-  online softmax). Exponentials are ``exp2`` with :math:`\log_2 e` folded into the scale.
+* the **forward** kernel is launched on a grid of ``(query blocks, b·h)`` programs;
+  each program keeps one block of queries, its running maximum ``m``, running sum ``l``
+  and an unnormalised accumulator in registers, and streams the key/value blocks past
+  them (the online softmax). Exponentials are ``exp2`` with :math:`\log_2 e` folded
+  into the scale.
   A causal program first visits the key blocks wholly below the diagonal with no mask at
   all, then the diagonal block with the mask. It writes the output and the per-row
   log-sum-exp, nothing of size ``i × j``;
@@ -45,6 +47,12 @@ GPU, ``tl.dot`` multiplies float32 inputs in IEEE float32 here
 the tests assert.
 """
 
+# A kernel parameter annotated ``tl.constexpr`` is one the compiler specialises on; a
+# launch, or a kernel calling another, passes it a plain int, bool or str. Type
+# checkers read the marker as a type and report every such argument, so this one rule
+# is off in this file (16 findings, all of that kind; every other rule holds).
+# pyright: reportArgumentType=false
+
 from __future__ import annotations
 
 import math
@@ -65,7 +73,8 @@ try:
     from triton.runtime.interpreter import InterpretedFunction
 except ImportError as error:  # pragma: no cover - exercised only without Triton
     raise ImportError(
-        "attention.efficient.triton_flash needs Triton: pip install 'attention-course[triton]'"
+        "attention.efficient.triton_flash needs Triton: "
+        "pip install 'attention-course[triton]'"
     ) from error
 
 from .._checks import check_bool, check_size, validate_attention
@@ -435,10 +444,11 @@ if (
     isinstance(flash_forward_kernel, InterpretedFunction) != INTERPRETED
 ):  # pragma: no cover
     raise ImportError(
-        "Triton was first imported with another TRITON_INTERPRET setting than this module's "
-        "kernels see: its own library functions are compiled and these kernels interpreted, "
-        "or the reverse. Set TRITON_INTERPRET=1 (on a machine without CUDA) before anything "
-        "imports triton, e.g. at the top of the script or in the shell, and restart."
+        "Triton was first imported with another TRITON_INTERPRET setting than this "
+        "module's kernels see: its own library functions are compiled and these "
+        "kernels interpreted, or the reverse. Set TRITON_INTERPRET=1 (on a machine "
+        "without CUDA) before anything imports triton, e.g. at the top of the script "
+        "or in the shell, and restart."
     )
 
 
@@ -476,7 +486,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 class _FlashAttentionTriton(torch.autograd.Function):
-    """Forward saves q, k, v, o and the log2-sum-exp; backward recomputes P from them."""
+    """Forward keeps q, k, v, o and the log2-sum-exp; backward rebuilds P from them."""
 
     @staticmethod
     def forward(ctx, query, key, value, is_causal, scale, block):
@@ -547,7 +557,8 @@ class _FlashAttentionTriton(torch.autograd.Function):
             BLOCK_D=block_d,
         )
         if dlse is not None:
-            # L = log-sum-exp of the row; dL/dS_ij = P_ij, so it adds to dS like dO·V does
+            # L = log-sum-exp of the row; dL/dS_ij = P_ij, so it adds to dS as dO·V
+            # does
             delta = delta - dlse.reshape(z, num_queries).to(torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         strides = (
@@ -709,8 +720,8 @@ def flash_attention_triton(
         attn_mask: must be None: the kernels apply only the causal mask, and a
             ``ValueError`` says so. A boolean mask (True = may attend) or a float one is
             for :func:`attention.tiled_attention`.
-        is_causal: top-left causal mask (query ``q`` sees keys ``k <= q``), as in torch's
-            SDPA.
+        is_causal: top-left causal mask (query ``q`` sees keys ``k <= q``), as in
+            torch's SDPA.
         scale: multiplies the scores; ``None`` means ``1/sqrt(d)``. Any real number, NaN
             included (it propagates, as in torch).
         enable_gqa: grouped-query attention, ``h`` a multiple of ``h_kv``.
@@ -727,7 +738,8 @@ def flash_attention_triton(
         >>> from attention.efficient.triton_flash import flash_attention_triton
         >>> q, k, v = torch.randn(3, 1, 2, 20, 16).unbind(0)
         >>> out = flash_attention_triton(q, k, v, is_causal=True)
-        >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention
+        >>> ref = sdpa(q, k, v, is_causal=True)
         >>> torch.allclose(out, ref, atol=1e-5)
         True
     """
