@@ -1,5 +1,10 @@
 """Tests for attention/gated_deltanet.py: the layer against transformers' Qwen3-Next
-layer (weights copied, float64), its state for decoding, and its boundary checks."""
+layer (weights copied, float64), its state for decoding, and its boundary checks.
+
+transformers' Qwen3-Next module is imported by the ``hf`` fixture, not at collection:
+it brings in flash-linear-attention when that is installed, about 10 s of CPU. The
+tests that compare with it are therefore slow (``make test``, not ``make check``).
+"""
 
 import inspect
 import types
@@ -9,17 +14,16 @@ import torch
 
 from attention import GatedDeltaNet
 
-pytest.importorskip("transformers")
-from transformers.cache_utils import DynamicCache
-from transformers.models.qwen3_next import modeling_qwen3_next as hf
-from transformers.models.qwen3_next.configuration_qwen3_next import (
-    Qwen3NextConfig,
-)
-
 F64 = torch.float64
 
 
-def _config(**overrides):
+@pytest.fixture(scope="module")
+def hf():
+    """transformers' Qwen3-Next modelling module (skips the test without it)."""
+    return pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+
+
+def _config(hf, **overrides):
     kwargs = dict(
         hidden_size=16,
         linear_num_key_heads=2,
@@ -35,10 +39,10 @@ def _config(**overrides):
         head_dim=4,
     )
     kwargs.update(overrides)
-    return Qwen3NextConfig(**kwargs)
+    return hf.Qwen3NextConfig(**kwargs)
 
 
-def _reference(config, seed=0):
+def _reference(hf, config, seed=0):
     """A float64 ``Qwen3NextGatedDeltaNet`` with every weight random (not its init)."""
     torch.manual_seed(seed)
     module = hf.Qwen3NextGatedDeltaNet(config, layer_idx=0).to(F64).eval()
@@ -59,7 +63,7 @@ class _TorchWithoutFloat32(types.ModuleType):
 
 
 @pytest.fixture
-def torch_path(monkeypatch):
+def torch_path(hf, monkeypatch):
     """transformers' torch path of the layer (never fla's or causal-conv1d's kernels,
     which it picks when they are installed and which need a GPU)."""
     for name in (
@@ -72,7 +76,7 @@ def torch_path(monkeypatch):
 
 
 @pytest.fixture
-def float64_path(torch_path, monkeypatch):
+def float64_path(hf, torch_path, monkeypatch):
     """The torch path computed in float64 throughout.
 
     The reference casts to float32 in three places whatever the input dtype: the delta
@@ -93,26 +97,30 @@ def float64_path(torch_path, monkeypatch):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size", [64, 16, None])
 @pytest.mark.parametrize("n", [1, 9, 70])
-def test_equals_qwen3_next_gated_deltanet_in_float64(float64_path, chunk_size, n):
-    ref = _reference(_config())
+def test_equals_qwen3_next_gated_deltanet_in_float64(hf, float64_path, chunk_size, n):
+    ref = _reference(hf, _config(hf))
     layer = GatedDeltaNet.from_transformers(ref, chunk_size=chunk_size)
     x = torch.randn(2, n, 16, dtype=F64, generator=torch.Generator().manual_seed(n))
     expected = ref(x)
     torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", [(2, 2), (1, 3)])
-def test_equals_the_reference_for_other_head_layouts(float64_path, heads):
+def test_equals_the_reference_for_other_head_layouts(hf, float64_path, heads):
     h, h_v = heads
     ref = _reference(
+        hf,
         _config(
+            hf,
             linear_num_key_heads=h,
             linear_num_value_heads=h_v,
             linear_conv_kernel_dim=2,
             rms_norm_eps=1e-3,
-        )
+        ),
     )
     layer = GatedDeltaNet.from_transformers(ref)
     assert (layer.num_heads, layer.num_value_heads, layer.conv_size) == (h, h_v, 2)
@@ -121,17 +129,21 @@ def test_equals_the_reference_for_other_head_layouts(float64_path, heads):
     torch.testing.assert_close(layer(x), ref(x), rtol=0, atol=1e-10)
 
 
-def test_equals_the_reference_as_shipped_within_its_float32_steps(torch_path):
+@pytest.mark.slow
+def test_equals_the_reference_as_shipped_within_its_float32_steps(hf, torch_path):
     # unpatched, the reference computes its delta rule, decay and norm in float32
-    ref = _reference(_config())
+    ref = _reference(hf, _config(hf))
     layer = GatedDeltaNet.from_transformers(ref)
     x = torch.randn(2, 70, 16, dtype=F64)
     torch.testing.assert_close(layer(x), ref(x), rtol=1e-5, atol=1e-4)
 
 
-def test_cached_decoding_equals_the_reference_cache_and_the_full_pass(float64_path):
-    config = _config()
-    ref = _reference(config)
+@pytest.mark.slow
+def test_cached_decoding_equals_the_reference_cache_and_the_full_pass(hf, float64_path):
+    from transformers.cache_utils import DynamicCache
+
+    config = _config(hf)
+    ref = _reference(hf, config)
     layer = GatedDeltaNet.from_transformers(ref)
     x = torch.randn(2, 9, 16, dtype=F64)
     cache = DynamicCache(config=config)
@@ -216,14 +228,15 @@ def test_a_later_position_never_changes_an_earlier_output():
     torch.testing.assert_close(layer(x)[:, :6], layer(y)[:, :6], rtol=0, atol=0)
 
 
-def test_from_transformers_copies_dtype_training_mode_and_refuses_others():
-    ref = _reference(_config()).train()
+@pytest.mark.slow
+def test_from_transformers_copies_dtype_training_mode_and_refuses_others(hf):
+    ref = _reference(hf, _config(hf)).train()
     layer = GatedDeltaNet.from_transformers(ref)
     assert layer.training and {p.dtype for p in layer.parameters()} == {F64}
     assert not GatedDeltaNet.from_transformers(ref.eval().float()).training
     with pytest.raises(TypeError, match="module must be a Qwen3NextGatedDeltaNet"):
         GatedDeltaNet.from_transformers(torch.nn.Linear(2, 2))
-    gelu = _reference(_config(hidden_act="gelu"))
+    gelu = _reference(hf, _config(hf, hidden_act="gelu"))
     with pytest.raises(ValueError, match="only the SiLU activation"):
         GatedDeltaNet.from_transformers(gelu)
 

@@ -1,10 +1,12 @@
 """Tests for multi-head latent attention and its latent cache, against transformers'
-DeepseekV3."""
+DeepseekV3.
+
+transformers is imported by the tests that compare with it, not at collection (about
+5 s of CPU); those tests are slow (``make test``, not ``make check``).
+"""
 
 import pytest
 import torch
-from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
 from attention import RotaryConfig
 from attention.practice.latent import LatentKVCache, MultiHeadLatentAttention
@@ -14,6 +16,10 @@ DIMS = dict(kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5
 
 
 def _config(**overrides):
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import (
+        DeepseekV3Config,
+    )
+
     kwargs = dict(
         hidden_size=32,
         num_attention_heads=4,
@@ -32,6 +38,10 @@ def _config(**overrides):
 
 
 def _reference(config, seed=0):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+    )
+
     torch.manual_seed(seed)
     module = DeepseekV3Attention(config, layer_idx=0).to(D64).eval()
     with torch.no_grad():
@@ -60,6 +70,7 @@ def _hf_forward(module, x, positions=None):
     return module(x, _rope_cos_sin(module.config, positions), causal[None, None])[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q_lora_rank", [None, 12])
 @pytest.mark.parametrize("interleave", [True, False])
 def test_equals_deepseek_v3_attention(q_lora_rank, interleave):
@@ -77,6 +88,7 @@ def test_equals_deepseek_v3_attention(q_lora_rank, interleave):
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_copy_has_the_module_dtype_device_training_mode_and_eps():
     ref = _reference(_config())
     ref.train()
@@ -181,6 +193,7 @@ def test_positions_only_matter_through_their_differences():
     assert out_default.shape == (2, 1, 32)
 
 
+@pytest.mark.slow
 def test_from_transformers_refuses_what_it_does_not_support():
     yarn = {
         "rope_type": "yarn",

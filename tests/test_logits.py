@@ -1,5 +1,9 @@
 """Tests for soft-capping and QK-norm against their formulas and transformers' Gemma 2 /
-Qwen3."""
+Qwen3.
+
+transformers is imported by the tests that compare with it, not at collection (about
+5 s of CPU); those tests are slow (``make test``, not ``make check``).
+"""
 
 import math
 
@@ -7,10 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.gemma2.modeling_gemma2 import (
-    eager_attention_forward as gemma2_eager,
-)
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from attention.practice.logits import qk_norm, soft_cap, softcap_attention
 from conftest import qkv
@@ -39,8 +39,13 @@ def test_soft_cap_formula_range_and_slope():
     )  # s^2 / 3c^2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("h_kv", [4, 1])
 def test_softcap_attention_equals_formula_and_gemma2(h_kv):
+    from transformers.models.gemma2.modeling_gemma2 import (
+        eager_attention_forward as gemma2_eager,
+    )
+
     q, k, v = _qkv(h_kv=h_kv, i=6, j=6, size=3.0)
     mask = torch.ones(6, 6, dtype=torch.bool).tril()
     out = softcap_attention(
@@ -100,7 +105,10 @@ def test_fully_masked_row_gives_zeros():
     assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
 
 
+@pytest.mark.slow
 def test_qk_norm_formula_bound_and_qwen3():
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
     x = 5 * torch.randn(3, 4, 7, 16, dtype=D64)
     w = torch.rand(16, dtype=D64) + 0.5
     torch.testing.assert_close(

@@ -1,10 +1,13 @@
-"""Tests for learned attention sinks (gpt-oss) and the StreamingLLM cache."""
+"""Tests for learned attention sinks (gpt-oss) and the StreamingLLM cache.
+
+transformers is imported by the tests that compare with it, not at collection (about
+5 s of CPU); those tests are slow (``make test``, not ``make check``).
+"""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from attention.practice.sinks import (
     StreamingKVCache,
@@ -31,9 +34,12 @@ def _qkv(b=2, h=4, h_kv=2, i=5, j=7, d=6, e=3, seed=0):
     return qkv(i, j, d=d, e=e, batch=(b,), h=h, h_kv=h_kv, seed=seed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("h_kv", [4, 2, 1])
 @pytest.mark.parametrize("masked", [False, True])
 def test_equals_gpt_oss_eager_attention(h_kv, masked):
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
     q, k, v = _qkv(h_kv=h_kv, i=6, j=6)
     sinks = torch.randn(4, dtype=D64)
     additive = None
@@ -61,7 +67,10 @@ def test_equals_gpt_oss_eager_attention(h_kv, masked):
         )
 
 
+@pytest.mark.slow
 def test_gradients_equal_gpt_oss():
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
     q, k, v = (t.requires_grad_() for t in _qkv(h_kv=2))
     sinks = torch.randn(4, dtype=D64, requires_grad=True)
     stub = _GptOssStub(sinks.detach().clone(), 2)
