@@ -26,8 +26,6 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
-
 _BACKSPACE = re.compile("[^\n\x08]\x08")  # a character, then a backspace
 
 
@@ -116,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a cell may run (default: no limit)",
     )
     args = parser.parse_args(argv)
+    import nbformat  # here, not at the top: its schema validator takes seconds
+
     for path in args.notebooks:
         nb = nbformat.read(path, as_version=4)
         if not args.no_execute:

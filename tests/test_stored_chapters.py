@@ -15,7 +15,6 @@ import json
 import unicodedata
 from pathlib import Path
 
-import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +34,7 @@ def _script():
 
 
 def stream(name, text):
-    return nbformat.v4.new_output("stream", name=name, text=text)
+    return {"output_type": "stream", "name": name, "text": text}
 
 
 def code_cells(nb):
@@ -67,7 +66,7 @@ def test_a_progress_bar_leaves_its_final_frame_only():
 
 def test_coalescing_keeps_the_order_and_the_other_outputs():
     ex = _script()
-    figure = nbformat.v4.new_output("display_data", data={"text/plain": "<Figure>"})
+    figure = {"output_type": "display_data", "data": {"text/plain": "<Figure>"}}
     outputs = [
         stream("stdout", "a\n"),
         stream("stdout", "b\n"),
@@ -95,7 +94,10 @@ def test_clean_stream_text_applies_carriage_returns_and_backspaces_per_line():
     assert ex.clean_stream_text("plain\ntext\n") == "plain\ntext\n"
 
 
+@pytest.mark.slow  # starts a kernel
 def test_execute_chapter_runs_a_fresh_kernel_in_the_notebooks_folder(tmp_path):
+    import nbformat
+
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {
         "name": "python3",
