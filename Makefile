@@ -5,7 +5,7 @@
 #                 under other numerics, and the unit tests and chapters again under a second
 #                 PyTorch release (scripts/test.sh)
 # Two more are optional:
-#   make check  - the quick loop while editing the package (under a minute on 2 cores):
+#   make check  - the quick loop while editing the package (about 80 s on 2 cores):
 #                 ruff check and ruff format --check, pyright over src, and the unit tests
 #                 and doctests not marked slow (no npm, no Chromium, no book, no chapters)
 #   make lab    - open the chapters and the workbook in JupyterLab from the project's environment
@@ -61,7 +61,7 @@ types: $(INSTALLED)
 # import alone costs each test process about 3 s of CPU.
 unit: $(INSTALLED)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:nbval \
-	  -o addopts="-p no:cacheprovider --strict-markers --doctest-modules" \
+	  -o addopts="-p no:cacheprovider -p no:logging --strict-markers --doctest-modules" \
 	  tests src/attention --ignore=tests/browser --ignore=tests/test_reader_launch.py
 
 # Open JupyterLab on the chapters and the workbook, in the project's environment (the

@@ -574,6 +574,7 @@ def fla_kda(monkeypatch):
     return naive
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 @pytest.mark.parametrize("n", [1, 7, 13])
 @pytest.mark.parametrize("chunk_size", [None, 4, 5])
 def test_kda_equals_fla_naive_recurrent_kda_in_float64(fla_kda, n, chunk_size):

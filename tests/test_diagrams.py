@@ -8,6 +8,7 @@ text artists (by their ``gid``) and compared with an independent computation.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -69,14 +70,29 @@ def rendered_png_width(fig) -> int:
 DATA = {"alignment_vectors"}
 
 
-@pytest.fixture(params=[name for name in diagrams.__all__ if name not in DATA])
+FIGURES = [name for name in diagrams.__all__ if name not in DATA]
+
+
+@pytest.fixture(params=FIGURES)
 def figure(request):
+    """A diagram built afresh, for the tests that draw it."""
     return getattr(diagrams, request.param)()
 
 
-def test_every_diagram_builds_a_titled_figure(figure):
-    assert isinstance(figure, matplotlib.figure.Figure)
-    assert figure.get_suptitle().strip()
+@functools.cache
+def _built_once(name):
+    return getattr(diagrams, name)()
+
+
+@pytest.fixture(params=FIGURES)
+def built(request):
+    """A diagram built once per test process, for the tests that only read it."""
+    return _built_once(request.param)
+
+
+def test_every_diagram_builds_a_titled_figure(built):
+    assert isinstance(built, matplotlib.figure.Figure)
+    assert built.get_suptitle().strip()
 
 
 @pytest.mark.slow  # renders figures: make test, not make check
@@ -85,8 +101,8 @@ def test_every_diagram_fits_the_column(figure):
     assert rendered_png_width(figure) <= COLUMN_CSS_PX
 
 
-def test_no_text_is_smaller_than_8_points(figure):
-    for t in texts(figure):
+def test_no_text_is_smaller_than_8_points(built):
+    for t in texts(built):
         size = t.get_fontsize()
         if re.search(r"\$[^$]*[_^][^$]*\$", t.get_text()):
             size *= 0.7  # a mathtext sub- or superscript is drawn at 70 %

@@ -139,6 +139,7 @@ def test_kv_cache_growth_prints_the_lengths_and_the_newest_querys_weights():
 # =========================================================================== chapter 7
 
 
+@pytest.mark.slow  # draws figures: make test, not make check
 def test_rope_rotation_prints_the_frequencies_and_draws_the_rotated_pairs():
     d, base, m = 8, 100.0, 4
     fig = diagrams.rope_rotation(d=d, base=base, position=m)

@@ -38,6 +38,7 @@ def printed(fig, gid: str) -> str:
 # --------------------------------------------------------------------------- chapter 17
 
 
+@pytest.mark.slow  # loads a model: make test, not make check
 @pytest.mark.parametrize("n, d_model, h", [(15, 384, 12), (7, 64, 4)])
 def test_attention_layer_maps_prints_the_shapes_of_a_bert_layer(n, d_model, h):
     fig = practice.attention_layer_maps(n, d_model, h)

@@ -20,6 +20,9 @@ from attention import running_example
 from attention.course.example import RUNNING_SENTENCE, RunningExample
 from attention.practice.pretrained import minilm_model_dir
 
+# loading the model takes seconds: make test runs these, make check does not
+pytestmark = pytest.mark.slow
+
 ATOL = dict(atol=1e-5, rtol=0.0)
 WORDS = "the animal didn ' t cross the street because it was too tired".split()
 

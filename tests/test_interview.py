@@ -6,6 +6,7 @@ The slugs are computed here with myst-parser's own rule, so a renamed heading fa
 this test before it fails the book build.
 """
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -58,6 +59,7 @@ def _questions():
     return found
 
 
+@functools.cache  # one parse per chapter: answers link the same ones often
 def _chapter_targets(stem):
     """Heading slugs (as MyST computes them, down to the configured level) and
     explicit labels of one chapter."""
@@ -84,7 +86,7 @@ def _chapter_targets(stem):
             while slug in slugs:
                 slug, n = f"{base}-{n}", n + 1
             slugs.append(slug)
-    return set(slugs), labels
+    return frozenset(slugs), frozenset(labels)
 
 
 def test_at_least_forty_questions_numbered_in_order():

@@ -403,6 +403,7 @@ def bthd(x):
     return x.transpose(1, 2)
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 @pytest.mark.parametrize("h, h_kv, n, bs, num", [(16, 1, 21, 4, 3), (32, 2, 18, 5, 4)])
 def test_nsa_equals_fla_naive_nsa(fla_nsa, h, h_kv, n, bs, num):
     """The whole reference (it asks for groups of 16 query heads or more)."""

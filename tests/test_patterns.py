@@ -249,6 +249,7 @@ needs_transformers = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @needs_transformers
 @pytest.mark.parametrize("i, j", [(9, 9), (1, 9), (4, 9)])
 @pytest.mark.parametrize("w", [1, 2, 4, 20])

@@ -93,9 +93,10 @@ def test_plot_attention_rejects_bad_input():
         plot_attention("weights")
 
 
+@pytest.mark.slow  # draws figures: make test, not make check
 @pytest.mark.parametrize(
     "n",
-    [2, 8, 64, pytest.param(300, marks=pytest.mark.slow)],  # 300: a second to draw
+    [2, 8, 64, 300],
 )
 def test_figure_sizes_are_capped_whatever_the_matrix_size(n):
     for fig in (
@@ -317,6 +318,7 @@ def test_course_style_sets_every_default_text_size_to_at_least_8_points():
     assert min(t.get_fontsize() for t in texts) >= 8
 
 
+@pytest.mark.slow  # draws figures: make test, not make check
 def test_annotations_of_every_annotated_size_are_at_least_8_points():
     for n in range(1, 13):
         ax = plot_attention(torch.rand(n, n), annotate=True)

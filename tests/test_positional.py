@@ -112,6 +112,7 @@ def _angle_bound(ours, theirs, max_position):
     assert bool((diff <= 2e-7 * (max_position + 1) * ours).all())
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize(
     ("rope_type", "factor", "seq_len", "ntk_factor"),
     [

@@ -12,6 +12,7 @@ multiplying ``q·kᵀ``, a running maximum inside ``torch.maximum``).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -262,7 +263,7 @@ def _scopes(tree):
 # --------------------------------------------------------------------------- where
 
 
-def _where(tree, nodes) -> list[str]:
+def _owners(tree) -> dict:
     """``function`` (``Class.method``) holding each node, ``<module>`` outside any."""
     owner = {}
 
@@ -275,19 +276,29 @@ def _where(tree, nodes) -> list[str]:
             visit(child, inner)
 
     visit(tree, "<module>")
-    return [owner[n] for n in nodes]
+    return owner
+
+
+@functools.cache
+def _package() -> list[tuple[str, ast.Module, dict]]:
+    """Every module of the package (but the independent ones), parsed once:
+    ``(module path, tree, owner of each node)``."""
+    modules = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if not module.startswith(INDEPENDENT):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            modules.append((module, tree, _owners(tree)))
+    return modules
 
 
 def _found(matcher) -> set[tuple[str, str]]:
     """``(module path, function)`` of every place in the package the matcher finds."""
-    places = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        module = path.relative_to(PACKAGE).as_posix()
-        if module.startswith(INDEPENDENT):
-            continue
-        places |= {(module, where) for where in _where(tree, matcher(tree))}
-    return places
+    return {
+        (module, owner[node])
+        for module, tree, owner in _package()
+        for node in matcher(tree)
+    }
 
 
 # Each rule, its matcher and its one home.

@@ -124,6 +124,7 @@ def trained():
     return train_short()
 
 
+@pytest.mark.slow  # trains a model: make test, not make check
 def test_short_training_reduces_the_loss(trained):
     model, losses = trained
     assert len(losses) == 100

@@ -377,6 +377,7 @@ def test_options_are_keyword_only():
 # ------------------------------------------------------------- the recomputing backward
 
 
+@pytest.mark.slow  # a large gradcheck: make test, not make check
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize(
     "i, j, block_size",
