@@ -5,7 +5,7 @@
 #                 under other numerics, and the unit tests and chapters again under a second
 #                 PyTorch release (scripts/test.sh)
 # Two more are optional:
-#   make check  - the quick loop while editing the package (about 80 s on 2 cores):
+#   make check  - the quick loop while editing the package (about 70 s on 2 cores):
 #                 ruff check and ruff format --check, pyright over src, and the unit tests
 #                 and doctests not marked slow (no npm, no Chromium, no book, no chapters)
 #   make lab    - open the chapters and the workbook in JupyterLab from the project's environment
@@ -58,9 +58,10 @@ types: $(INSTALLED)
 	$(BIN)/pyright
 
 # nbval is not loaded (-p no:nbval; addopts is restated without its options): its
-# import alone costs each test process about 3 s of CPU.
+# import alone costs each test process about 3 s of CPU. Property tests draw 20 examples
+# each here (the "check" profile of tests/conftest.py), 60 under make test.
 unit: $(INSTALLED)
-	$(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:nbval \
+	HYPOTHESIS_PROFILE=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:nbval \
 	  -o addopts="-p no:cacheprovider -p no:logging --strict-markers --doctest-modules" \
 	  tests src/attention --ignore=tests/browser --ignore=tests/test_reader_launch.py
 

@@ -12,6 +12,10 @@ settings.register_profile(
     derandomize=True,  # the same examples on every run and machine
     suppress_health_check=[HealthCheck.too_slow],
 )
+# make check, the quick loop, draws fewer examples; make test and CI draw all 60
+settings.register_profile(
+    "check", parent=settings.get_profile("course"), max_examples=20
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "course"))
 torch.set_num_threads(1)
 # The Triton kernels (attention.efficient.triton_flash, an optional extra) run on a CPU

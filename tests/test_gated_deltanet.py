@@ -189,6 +189,7 @@ def test_pieces_chained_through_the_state_equal_one_pass(pieces):
     torch.testing.assert_close(torch.cat(outs, dim=1), layer(x), rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # a gradcheck: make test, not make check
 def test_gradients_match_finite_differences():
     torch.manual_seed(0)
     layer = GatedDeltaNet(

@@ -260,6 +260,7 @@ def test_match_queries_finds_the_least_total_cost():
         assert abs(total - best) < 1e-12
 
 
+@pytest.mark.slow  # imports scipy: make test, not make check
 def test_match_queries_agrees_with_scipy():
     optimize = pytest.importorskip("scipy.optimize")
     torch.manual_seed(1)

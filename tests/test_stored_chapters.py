@@ -333,6 +333,7 @@ def test_the_font_size_check_finds_small_text():
     ]
 
 
+@pytest.mark.slow  # parses every chapter: make test, not make check
 def test_no_chapter_sets_figure_text_below_8_points():
     found = []
     for path in CHAPTERS:
