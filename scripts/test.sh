@@ -23,7 +23,7 @@ next_pid=$!
 next_start=$(date +%s)
 # if an earlier step fails, stop the install too (its stamp is written last, so a
 # half-made environment is never reused)
-trap 'pkill -P "$next_pid" 2>/dev/null; kill "$next_pid" 2>/dev/null; true' EXIT
+trap 'pkill -P "$next_pid" 2>/dev/null || true; kill "$next_pid" 2>/dev/null || true' EXIT
 
 echo "== 1. lint and types: ruff check, ruff format --check, pyright (basic) over src"
 # shellcheck disable=SC2086
