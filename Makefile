@@ -5,7 +5,7 @@
 #                 under other numerics, and the unit tests and chapters again under a second
 #                 PyTorch release (scripts/test.sh)
 # Two more are optional:
-#   make check  - the quick loop while editing the package (about 70 s on 2 cores):
+#   make check  - the quick loop while editing the package (about 50 s on 2 cores):
 #                 ruff check and ruff format --check, pyright over src, and the unit tests
 #                 and doctests not marked slow (no npm, no Chromium, no book, no chapters)
 #   make lab    - open the chapters and the workbook in JupyterLab from the project's environment

@@ -152,6 +152,7 @@ class Kernel:
     dtype: torch.dtype = F64  # the inputs the tests give it
     same_size: bool = False  # needs e = d
     tol: dict = field(default_factory=dict)
+    interpreted: bool = False  # a Triton kernel, run by Triton's interpreter on a CPU
 
 
 def _block_sparse(q, k, v, **kw):
@@ -261,14 +262,22 @@ if flash_attention_triton is not None:
             dtype=torch.float32,
             same_size=True,
             tol={"atol": 2e-5, "rtol": 1e-5},
+            interpreted=True,
         )
     )
 IDS = [k.name for k in KERNELS]
 
 
-def _kernels(**needs):
+def _kernels(*, runs_kernels=False, **needs):
+    """The kernels with the properties ``needs``; with ``runs_kernels``, a test that
+    runs an interpreted kernel forward and backward (about half a second a case) is
+    slow: make test, not make check."""
     return [
-        pytest.param(k, id=k.name)
+        pytest.param(
+            k,
+            id=k.name,
+            marks=[pytest.mark.slow] if runs_kernels and k.interpreted else [],
+        )
         for k in KERNELS
         if all(getattr(k, a) == v for a, v in needs.items())
     ]
@@ -365,7 +374,7 @@ def test_refuses_what_it_cannot_honour_and_says_why(kernel):
 # ----------------------------------------------------------------------------- results
 
 
-@pytest.mark.parametrize("kernel", _kernels(exact=True))
+@pytest.mark.parametrize("kernel", _kernels(exact=True, runs_kernels=True))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("h_kv", [4, 2, 1])
 def test_equals_its_dense_reference_with_gradients(kernel, causal, h_kv):

@@ -606,6 +606,7 @@ def test_kda_equals_fla_naive_recurrent_kda_in_float64(fla_kda, n, chunk_size):
     )
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 def test_kda_equals_fla_naive_chunk_kda_in_float64(fla_kda):
     # fla's chunk reference needs n to be a multiple of its chunk: pad n = 13 to 16 with
     # beta = 0, g = 0 positions, which leave the state unchanged (our own padding rule)
@@ -625,6 +626,7 @@ def test_kda_equals_fla_naive_chunk_kda_in_float64(fla_kda):
     torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 def test_kda_equals_fla_as_shipped_in_float32():
     # without the float64 patch: fla computes in float32 whatever the input dtype
     naive = pytest.importorskip("fla.ops.kda.naive")

@@ -90,6 +90,7 @@ def built(request):
     return _built_once(request.param)
 
 
+@pytest.mark.slow  # builds every diagram: make test, not make check
 def test_every_diagram_builds_a_titled_figure(built):
     assert isinstance(built, matplotlib.figure.Figure)
     assert built.get_suptitle().strip()
@@ -101,6 +102,7 @@ def test_every_diagram_fits_the_column(figure):
     assert rendered_png_width(figure) <= COLUMN_CSS_PX
 
 
+@pytest.mark.slow  # builds every diagram: make test, not make check
 def test_no_text_is_smaller_than_8_points(built):
     for t in texts(built):
         size = t.get_fontsize()

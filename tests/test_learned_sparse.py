@@ -436,6 +436,7 @@ def test_nsa_equals_fla_naive_nsa(fla_nsa, h, h_kv, n, bs, num):
     )
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 @pytest.mark.parametrize(
     "h, h_kv, n, bs, num",
     [(4, 2, 19, 4, 3), (6, 2, 23, 5, 5), (3, 1, 17, 3, 8), (2, 2, 10, 4, 16)],
@@ -575,6 +576,7 @@ def fla_dsa(monkeypatch):
     return naive
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 @pytest.mark.parametrize(
     "h, h_kv, n, top_k", [(4, 2, 19, 5), (3, 1, 23, 1), (2, 2, 9, 30)]
 )
@@ -601,6 +603,7 @@ def test_dsa_equals_fla_naive_dsa(fla_dsa, h, h_kv, n, top_k, weighted):
     assert torch.equal(picked, ls._ascending(want_picked)[..., : picked.shape[-1]])
 
 
+@pytest.mark.slow  # imports fla: make test, not make check
 @pytest.mark.parametrize(
     "activation, name", [(None, "relu"), (torch.nn.Identity(), None), (F.gelu, "gelu")]
 )

@@ -182,6 +182,7 @@ def test_apply_rope_is_a_rotation_of_each_pair(interleaved):
     )  # rotations keep norms
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_apply_rope_matches_hugging_face_llama():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import (
@@ -353,6 +354,7 @@ def test_alibi_bias_default_dtype():
 # ---------------------------------------------------------------- T5 buckets
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize(
     ("bidirectional", "num_buckets", "max_distance"),
     [
@@ -540,6 +542,7 @@ def _float64_cos_sin(position_ids, head_dim, base):
     return emb.cos(), emb.sin()
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_rope_multihead_attention_equals_hugging_face_llama_attention():
     llama, rotary, ours = _llama_and_ours()
     x = _randn(2, 9, 32, seed=11)
@@ -568,6 +571,7 @@ def test_rope_multihead_attention_equals_hugging_face_llama_attention():
         )
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_rope_multihead_cached_decoding_equals_the_full_llama_forward():
     llama, _, ours = _llama_and_ours(num_heads=4, num_kv_heads=1)
     x = _randn(2, 10, 32, seed=12)
@@ -588,6 +592,7 @@ def test_rope_multihead_cached_decoding_equals_the_full_llama_forward():
     assert_close(torch.cat(pieces, dim=1), expected, atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_rope_multihead_positions_argument():
     _, _, ours = _llama_and_ours()
     x = _randn(2, 7, 32, seed=13)
@@ -736,6 +741,7 @@ LLAMA3_CASES = [
 ]
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize(
     ("d", "base", "factor", "low", "high", "original"), LLAMA3_CASES
 )
@@ -776,6 +782,7 @@ YARN_CASES = [
 ]
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize(("d", "base", "factor", "original", "extra"), YARN_CASES)
 def test_yarn_frequencies_and_attention_factor_equal_transformers(
     d, base, factor, original, extra, monkeypatch
@@ -798,6 +805,7 @@ def test_yarn_frequencies_and_attention_factor_equal_transformers(
     assert rope.attention_factor == pytest.approx(expected_factor, rel=1e-15, abs=0)
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_yarn_without_truncation_equals_transformers_to_float32_precision(monkeypatch):
     # a fractional ramp: transformers' float32 ramp bounds what can be compared
     scaling = {
@@ -848,6 +856,7 @@ def test_yarn_rotation_is_the_rotation_times_the_attention_factor():
     )
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize(
     "scaling",
     [
@@ -955,6 +964,7 @@ def _causal_float_mask(n):
     return torch.zeros(n, n, dtype=DT).masked_fill(~visible, -math.inf)[None, None]
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_nope_temperature_follows_the_formula_and_llama4_defaults():
     config = _llama4_text_config()
     assert (config.floor_scale, config.attn_scale) == (8192, 0.1)
@@ -999,6 +1009,7 @@ def _llama4_nope_layer_and_ours(floor_scale, attn_scale, seed=0):
     return layer, ours
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize(
     ("floor_scale", "attn_scale"), [(4, 0.1), (3, 0.7), (8192, 0.1)]
 )
@@ -1029,6 +1040,7 @@ def test_temperature_tuned_attention_equals_a_llama4_nope_layer(
             assert not torch.allclose(plain(x, x, x, is_causal=True)[0], out)
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_temperature_tuned_attention_decodes_with_a_cache():
     _, ours = _llama4_nope_layer_and_ours(4, 0.3)
     x = _randn(1, 11, 32, seed=32)
@@ -1072,6 +1084,7 @@ def test_temperature_tuned_attention_is_sdpa_of_the_scaled_queries():
     assert half.dtype == torch.float32
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_smollm3_nope_and_rope_layers_equal_multihead_attention():
     """SmolLM3 drops RoPE in every fourth layer (no temperature): its NoPE layer is
     MultiHeadAttention without rope, its RoPE layers use rope=RotaryConfig(base=...)."""
@@ -1111,6 +1124,7 @@ def test_smollm3_nope_and_rope_layers_equal_multihead_attention():
         assert_close(out, theirs, atol=1e-10, rtol=0)
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 def test_llama4_rope_layer_with_llama3_scaling_equals_interleaved_rope():
     """A RoPE layer of Llama 4 (Meta's complex-number form: interleaved pairs, its
     llama3 frequency scaling). Llama 4 rotates in float32 whatever the input dtype, so

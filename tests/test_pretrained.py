@@ -38,10 +38,19 @@ from attention.practice.pretrained import (
 )
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-needs_transformers = pytest.mark.skipif(
-    not HAS_TRANSFORMERS,
-    reason="transformers is not installed: pip install 'attention-course[pretrained]'",
-)
+
+
+def needs_transformers(test):
+    """Skipped without transformers; slow (it imports transformers, about 1.5 s of CPU,
+    and most load the model): make test, not make check."""
+    skip = pytest.mark.skipif(
+        not HAS_TRANSFORMERS,
+        reason="transformers is not installed: "
+        "pip install 'attention-course[pretrained]'",
+    )
+    return pytest.mark.slow(skip(test))
+
+
 TIRED = "The animal didn't cross the street because it was too tired"
 WIDE = "The animal didn't cross the street because it was too wide"
 ATOL = dict(atol=1e-5, rtol=0.0)

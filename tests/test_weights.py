@@ -383,6 +383,7 @@ def _diffllama_from(layer, layer_index):
     return hf
 
 
+@pytest.mark.slow  # imports transformers: make test, not make check
 @pytest.mark.parametrize("num_heads, layer_index", [(1, 1), (2, 3), (3, 6)])
 def test_differential_module_equals_hugging_face_diffllama_without_rope(
     num_heads, layer_index
