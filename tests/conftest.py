@@ -2,7 +2,9 @@
 
 import gc
 import os
+import sys
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -77,3 +79,35 @@ def pytest_collection_finish(session):
     """Freeze what collection made (test modules, parameters) as the imports above."""
     gc.collect()
     gc.freeze()
+
+
+#: Libraries whose first use in a test process costs a second or two of imports: a test
+#: that uses them is slow (CONTRIBUTING.md, "Tests"), or `make check` pays for them.
+HEAVY_IMPORTS = ("transformers", "fla")
+_loaded_before = pytest.StashKey[frozenset]()
+
+
+def _heavy_loaded():
+    return frozenset(name for name in HEAVY_IMPORTS if name in sys.modules)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_loaded_before] = _heavy_loaded()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Fail a test not marked slow that is the first in its process to import one of
+    HEAVY_IMPORTS (in its fixtures or its body). `make check` and the second PyTorch's
+    run in CI, which leave the slow tests out, see every such test."""
+    result = yield
+    new = _heavy_loaded() - item.stash.get(_loaded_before, frozenset())
+    if new and item.get_closest_marker("slow") is None:
+        pytest.fail(
+            f"{item.nodeid} imports {', '.join(sorted(new))}, a second or two of CPU "
+            "in each test process: mark it @pytest.mark.slow (CONTRIBUTING.md, Tests)",
+            pytrace=False,
+        )
+    return result
