@@ -103,8 +103,9 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """Fail a test not marked slow that is the first in its process to import one of
-    HEAVY_IMPORTS (in its fixtures or its body). `make check` and the second PyTorch's
-    run in CI, which leave the slow tests out, see every such test."""
+    HEAVY_IMPORTS (in its fixtures or its body). `make check`, which leaves the slow
+    tests out, finds every such test; where slow tests run too, one of them may import
+    the library first."""
     result = yield
     new = _heavy_loaded() - item.stash.get(_loaded_before, frozenset())
     if new and item.get_closest_marker("slow") is None:
