@@ -1,4 +1,6 @@
-"""Shared test settings: hypothesis profile sized for a 2-core CI machine."""
+"""Shared test settings for a 2-core CI machine: hypothesis profiles, one thread, the
+longest test files first, the garbage collector kept off the imported modules, and a
+check that a test which imports transformers or fla is marked slow."""
 
 import gc
 import os
