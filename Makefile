@@ -42,7 +42,7 @@ test: install
 	bash scripts/test.sh
 
 # The Python files ruff holds to its rules and its format (scripts/test.sh: the same).
-PY_FILES := src tests benchmarks scripts typings
+PY_FILES := src tests benchmarks scripts typings book/_ext
 
 # No MathJax, no Chromium, no book and no chapters: the linters, the type checker, and
 # the package's tests and docstring examples except those marked slow (pyproject.toml);

@@ -13,7 +13,7 @@ elapsed() { echo "($1 took $(( $(date +%s) - $2 )) s)"; }
 TORCH_NEXT_CHAPTERS="chapters/02_softmax.ipynb chapters/06_multi_head.ipynb chapters/17_pretrained_model.ipynb chapters/18_llm_inference.ipynb"
 
 # The Python files ruff holds to its rules and its format (the Makefile's PY_FILES).
-PY_FILES="src tests benchmarks scripts typings"
+PY_FILES="src tests benchmarks scripts typings book/_ext"
 
 # The second environment (step 4) is made in the background while steps 1 to 3 run:
 # pip's downloads and installs overlap with the linters, the book build and the chapters.

@@ -11,8 +11,8 @@
 3. Sphinx adds MathJax only to pages where it detected equations, and it misses math
    inside some directives (the glossary's definitions). MathJax is vendored locally, so
    we load it on every page.
-4. ``static/course.js`` makes the sidebar buttons work (the themes bind their handlers to
-   a hidden copy of each button; see the script) and links every output figure to its
+4. ``static/course.js`` makes the sidebar buttons work (the themes bind their handlers
+   to a hidden copy of each button; see the script) and links every output figure to its
    PNG; ``static/course.css`` fits an 88-column code line in the column, lets code cells
    use the empty right margin of wide screens and shows that long display math scrolls;
    ``static/favicon.svg`` is the tab icon.
@@ -47,10 +47,29 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
     scripts[:] = unique  # in place: later handlers (MathJax) append to this same list
 
 
-_TEX_SYMBOLS = {"sqrt": "√", "top": "⊤", "cdot": "·", "times": "×", "le": "≤", "ge": "≥",
-                "leq": "≤", "geq": "≥", "approx": "≈", "infty": "∞", "to": "→", "in": "∈",
-                "alpha": "α", "beta": "β", "gamma": "γ", "lambda": "λ", "sigma": "σ",
-                "tau": "τ", "theta": "θ", "phi": "φ", "ell": "ℓ"}
+_TEX_SYMBOLS = {
+    "sqrt": "√",
+    "top": "⊤",
+    "cdot": "·",
+    "times": "×",
+    "le": "≤",
+    "ge": "≥",
+    "leq": "≤",
+    "geq": "≥",
+    "approx": "≈",
+    "infty": "∞",
+    "to": "→",
+    "in": "∈",
+    "alpha": "α",
+    "beta": "β",
+    "gamma": "γ",
+    "lambda": "λ",
+    "sigma": "σ",
+    "tau": "τ",
+    "theta": "θ",
+    "phi": "φ",
+    "ell": "ℓ",
+}
 _INLINE_MATH = re.compile(r"\\\((.*?)\\\)|\$(.+?)\$")
 
 
@@ -68,8 +87,9 @@ def _plain_tab_title(app, pagename, templatename, context, doctree):
     title = context.get("title")
     if title and ("\\(" in title or "$" in title):
         plain = re.sub(r"<[^>]+>", "", title)  # the math arrives wrapped in a <span>
-        context["title"] = _INLINE_MATH.sub(lambda m: tex_as_text(m.group(1) or m.group(2)),
-                                            plain)
+        context["title"] = _INLINE_MATH.sub(
+            lambda m: tex_as_text(m.group(1) or m.group(2)), plain
+        )
 
 
 def _configure(app, config):
@@ -78,19 +98,21 @@ def _configure(app, config):
     config.html_favicon = str(STATIC / "favicon.svg")
 
 
-# --- Bibliography labels in the author-year form of the citations ------------------------
+# --- Bibliography labels in the author-year form of the citations ---------------------
 def _register_bibliography_style():
+    import codecs
+
+    import latexcodec  # noqa: F401  (registers the "ulatex" codec; pybtex depends on it)
     from pybtex.plugin import register_plugin
     from pybtex.style.formatting.unsrt import Style as UnsrtStyle
     from pybtex.style.labels import BaseLabelStyle
     from pybtex.style.sorting import BaseSortingStyle
 
-    import codecs
-
-    import latexcodec  # noqa: F401  (registers the "ulatex" codec; pybtex depends on it)
-
     def last_names(person) -> str:
-        """'Veli{\\v{c}}kovi{\\'c}' -> 'Veličković' (a codec: pybtex's rich text is slow)."""
+        """'Veli{\\v{c}}kovi{\\'c}' -> 'Veličković'.
+
+        A codec, because pybtex's rich text is slow.
+        """
         tex = " ".join(person.prelast_names + person.last_names)
         return codecs.decode(tex, "ulatex").replace("{", "").replace("}", "")
 
@@ -121,7 +143,8 @@ def _register_bibliography_style():
             return str(entry.fields.get("title", entry.key))
         if len(names) == 1:
             return names[0]
-        if len(names) == 2 and names[1] != "others":  # "A and others" is cited "A et al."
+        # "A and others" is cited "A et al."
+        if len(names) == 2 and names[1] != "others":
             return f"{names[0]} and {names[1]}"
         return f"{names[0]} et al."
 
@@ -130,7 +153,11 @@ def _register_bibliography_style():
 
         def sorting_key(self, entry):
             title = str(entry.fields.get("title", ""))
-            return authors(entry).lower(), str(entry.fields.get("year", "")), title.lower()
+            return (
+                authors(entry).lower(),
+                str(entry.fields.get("year", "")),
+                title.lower(),
+            )
 
     class CourseAuthorYear(UnsrtStyle):
         default_label_style = AuthorYearLabels
